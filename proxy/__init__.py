@@ -1,0 +1,1 @@
+"""lego-proxy's FastAPI service: adapters, pipeline, backend client, control API."""

@@ -1,0 +1,1 @@
+"""Wire adapters: one module per protocol, each pure translation to/from ``proxy.canonical``."""

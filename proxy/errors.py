@@ -1,0 +1,98 @@
+"""The one exception tree of lego-proxy.
+
+The core raises these; nothing returns errors as values. Each wire adapter maps a
+``LegoError`` to its own error shape in exactly one function (``error_body``), using the
+``status`` and ``code`` carried here, so every protocol agrees on what went wrong.
+
+    LegoError                      base; status 500, code "internal_error"
+    ├── InvalidRequest             400  malformed body, wrong types, bad values
+    │   ├── Unsupported            400  an option lego-proxy does not serve (n > 1, images, ...)
+    │   └── ContextLengthExceeded  400  prompt (plus reserved output) over the budget
+    ├── AuthenticationFailed       401  missing or unknown key
+    ├── PermissionDenied           403  a key that cannot reach this endpoint
+    ├── NotFound                   404  unknown run, session or route
+    ├── Conflict                   409  session already finished, run name taken
+    ├── PayloadTooLarge            413  request body over the configured limit
+    ├── BackendError               502  the SGLang backend answered with an error
+    │   └── BackendUnavailable     503  the backend cannot be reached
+    └── RecorderError              500  the database refused a control-plane write
+
+``BackendError.retryable`` tells adapters whether the harness may retry (it becomes the
+in-band error's ``type``); the turn that hit it is recorded as failed either way.
+"""
+
+from __future__ import annotations
+
+
+class LegoError(Exception):
+    """Base of every error lego-proxy raises on purpose."""
+
+    status: int = 500
+    code: str = "internal_error"
+    param: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if param is not None:
+            self.param = param
+
+
+class InvalidRequest(LegoError):
+    status = 400
+    code = "invalid_request_error"
+
+
+class Unsupported(InvalidRequest):
+    code = "unsupported_option"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class AuthenticationFailed(LegoError):
+    status = 401
+    code = "invalid_api_key"
+
+
+class PermissionDenied(LegoError):
+    status = 403
+    code = "permission_denied"
+
+
+class NotFound(LegoError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(LegoError):
+    status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(LegoError):
+    status = 413
+    code = "payload_too_large"
+
+
+class BackendError(LegoError):
+    status = 502
+    code = "backend_error"
+
+    def __init__(
+        self, message: str, *, retryable: bool = True, backend_status: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.backend_status = backend_status
+
+
+class BackendUnavailable(BackendError):
+    status = 503
+    code = "backend_unavailable"
+
+
+class RecorderError(LegoError):
+    status = 500
+    code = "recorder_error"

@@ -1,0 +1,71 @@
+"""The proxy's one settings class (env prefix ``LEGO_``), validated at start-up.
+
+Outside development (``LEGO_ENV`` other than ``development``) an admin key is required and
+must not be the development default.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_ADMIN_KEY = "lego-dev-admin-key"
+
+
+class ToolParser(StrEnum):
+    QWEN3 = "qwen3"  # <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    QWEN3_CODER = "qwen3_coder"  # <tool_call><function=NAME><parameter=K>V</parameter>...
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".local" / "share" / "lego-proxy"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LEGO_", extra="ignore", frozen=True)
+
+    env: str = "development"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    public_url: str | None = Field(
+        default=None, description="Base URL harnesses use to reach this proxy."
+    )
+    data_dir: Path = Field(default_factory=default_data_dir)
+    database_url: str | None = None  # unset: SQLite file in data_dir
+    backend_url: str | None = None  # unset: the embedded local engine
+    admin_key: str | None = None
+    tokenizer_path: Path | None = None  # unset: the embedded engine's model
+    tool_parser: ToolParser = ToolParser.QWEN3
+    context_length: int = 32768  # prompt + reserved output budget, in tokens
+    default_max_tokens: int = 4096  # output budget when neither harness nor session sets one
+    max_body_bytes: int = 32 * 1024 * 1024
+    return_routed_experts: bool = True
+    backend_timeout_s: float = 1800.0
+    max_resumptions: int = 8  # transparent re-sends after a backend pause-abort
+    engine_args: str = ""  # extra CLI args for the embedded engine (e.g. "--script f.json")
+
+    @model_validator(mode="after")
+    def _check_safe(self) -> Settings:
+        if self.env != "development" and self.admin_key in (None, "", DEV_ADMIN_KEY):
+            raise ValueError(
+                "LEGO_ADMIN_KEY must be set to a non-default secret when LEGO_ENV is not "
+                "'development'"
+            )
+        return self
+
+    @property
+    def effective_admin_key(self) -> str:
+        return self.admin_key or DEV_ADMIN_KEY
+
+    @property
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{self.data_dir / 'lego.sqlite3'}"
+
+    @property
+    def effective_public_url(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")

@@ -1,0 +1,1 @@
+"""Persistence of runs, sessions and turns; trajectory export."""

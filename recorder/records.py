@@ -1,0 +1,107 @@
+"""Frozen record types: the contract between the proxy pipeline and the recorder.
+
+The pipeline builds one ``TurnRecord`` per backend generation it ran for a harness request
+and hands it to the recorder; the recorder persists it verbatim and never recomputes
+anything. ``prompt_ids`` are the ids sent to the backend, bit-exact; ``output_ids`` and
+``logprobs`` are what the backend returned, in order, the stop token included.
+
+``RoutedExperts.rows`` follows SGLang: row ``j`` is the routing computed when the token at
+absolute position ``start + j`` was fed through the model, shape ``[rows, layers, top_k]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+
+class TurnStatus(StrEnum):
+    COMPLETED = "completed"  # the harness received the whole answer
+    FAILED = "failed"  # backend error / invalid output; excluded from training
+    CANCELLED = "cancelled"  # the harness disconnected; backend request aborted
+
+
+class SessionStatus(StrEnum):
+    ACTIVE = "active"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RoutedExperts:
+    start: int
+    rows: npt.NDArray[np.int32]  # [rows, layers, top_k]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rows.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class TurnTimings:
+    """Monotonic-clock offsets in seconds from when the request was received."""
+
+    received_at: float  # wall clock, epoch seconds
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    backend_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TurnRecord:
+    id: str
+    session_id: str
+    seq: int  # order of arrival within the session
+    adapter: str
+    requested_model: str
+    status: TurnStatus
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    routed_experts: RoutedExperts | None
+    finish_reason: str  # backend finish type: stop | length | abort | error
+    weight_version: str
+    sampling_params: dict[str, object] = field(default_factory=dict)
+    request_messages: bytes = b""  # canonical request as JSON (orjson), for inspection
+    response_message: bytes = b""  # parsed assistant message as JSON
+    ignored_fields: tuple[str, ...] = ()
+    malformed_tool_calls: int = 0
+    resumptions: int = 0
+    error: str | None = None
+    timings: TurnTimings = field(default_factory=lambda: TurnTimings(received_at=0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    id: str
+    name: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """What the orchestrator asked for when it created the session."""
+
+    run_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    harness: str
+    sampling: dict[str, object] = field(default_factory=dict)
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    id: str
+    key: str
+    spec: SessionSpec
+    status: SessionStatus
+    created_at: float
+    termination: str | None = None
+    reward: float | None = None
+    reward_details: dict[str, object] | None = None
+    turn_count: int = 0

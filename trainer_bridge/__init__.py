@@ -1,0 +1,1 @@
+"""The trainer side: pulls trajectories, recomputes logprobs with routing replay, updates."""
