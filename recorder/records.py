@@ -24,6 +24,34 @@ class TurnStatus(StrEnum):
     CANCELLED = "cancelled"  # the harness disconnected; backend request aborted
 
 
+class Termination(StrEnum):
+    """Why a rollout ended, as the orchestrator reports it.
+
+    Environment-side failures (``EXCLUDED``) are kept out of optimization: they say nothing
+    about the policy, and turning them into a zero reward would teach it the wrong thing.
+    """
+
+    COMPLETED = "completed"  # the agent finished and was graded
+    MAX_TURNS = "max_turns"  # the harness's turn budget ran out; graded as is
+    CONTEXT_EXHAUSTED = "context_exhausted"  # the context budget ran out; graded as is
+    AGENT_TIMEOUT = "agent_timeout"  # wall-clock limit of the agent phase
+    ENV_SETUP_FAILURE = "env_setup_failure"  # sandbox/image/repo could not be prepared
+    HARNESS_ERROR = "harness_error"  # the harness program crashed
+    GRADER_ERROR = "grader_error"  # verification itself failed
+    ABORTED = "aborted"  # cancelled by the orchestrator
+
+
+EXCLUDED_TERMINATIONS = frozenset(
+    {
+        Termination.AGENT_TIMEOUT,
+        Termination.ENV_SETUP_FAILURE,
+        Termination.HARNESS_ERROR,
+        Termination.GRADER_ERROR,
+        Termination.ABORTED,
+    }
+)
+
+
 class SessionStatus(StrEnum):
     ACTIVE = "active"
     FINISHED = "finished"

@@ -1,0 +1,100 @@
+"""Engine construction for the recorder: one place that knows the two supported backends.
+
+Owns the dialect policy shared by the store and the migrator:
+
+- ``postgresql+asyncpg://...``: a pooled engine with pre-ping, so connections broken by a
+  database restart are replaced instead of failing the next write.
+- ``sqlite+aiosqlite:///path``: the file's parent directory is created; every connection
+  runs in WAL mode (readers never block the writer) with a busy timeout (a writer waits for
+  the file lock instead of failing at once) and enforced foreign keys (SQLite's default is
+  off, Postgres always enforces them; both must refuse the same writes).
+
+Both hide statement parameters from error messages: they hold harness conversations.
+Any other driver is refused with ``InvalidRequest``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from proxy.errors import InvalidRequest
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+POSTGRES_DRIVER = "postgresql+asyncpg"
+SQLITE_DRIVER = "sqlite+aiosqlite"
+
+
+def parse_url(url: str) -> URL:
+    """Parse and check a database URL; raise ``InvalidRequest`` for unsupported drivers."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # sqlalchemy raises ArgumentError or ValueError by case
+        raise InvalidRequest(f"invalid database URL: {exc}") from None
+    if parsed.drivername not in (POSTGRES_DRIVER, SQLITE_DRIVER):
+        raise InvalidRequest(
+            f"unsupported database driver {parsed.drivername!r}: use "
+            f"'{POSTGRES_DRIVER}://...' or '{SQLITE_DRIVER}:///path'"
+        )
+    return parsed
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a database failure: the driver's message without SQL or parameters."""
+    cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}"
+
+
+def is_sqlite(url: URL) -> bool:
+    return url.drivername == SQLITE_DRIVER
+
+
+def create_engine(url: str, *, serialize_sqlite_transactions: bool = False) -> AsyncEngine:
+    """Build a pooled ``AsyncEngine`` with the dialect policy above.
+
+    ``serialize_sqlite_transactions`` makes every SQLite transaction start with
+    ``BEGIN IMMEDIATE``: the write lock is taken before the first read, so two processes
+    that both read-then-write (the migrator checking the schema version) run one after the
+    other instead of racing. The store leaves it off; its writes are single statements.
+    """
+    parsed = parse_url(url)
+    if not is_sqlite(parsed):
+        return create_async_engine(
+            parsed, pool_pre_ping=True, pool_size=10, max_overflow=10, hide_parameters=True
+        )
+    database = parsed.database
+    if database and database != ":memory:":
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(parsed, hide_parameters=True)
+    _install_sqlite_pragmas(engine, serialize_sqlite_transactions)
+    return engine
+
+
+def _install_sqlite_pragmas(engine: AsyncEngine, serialize: bool) -> None:
+    # The DBAPI objects here are SQLAlchemy's aiosqlite adapters, which are untyped.
+    def on_connect(dbapi_connection: Any, _record: object) -> None:
+        if serialize:
+            # Python's sqlite3 would otherwise open transactions implicitly (and not for
+            # DDL); with autocommit at the driver level the "begin" hook below decides.
+            dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        # The timeout first: switching a new file to WAL needs a lock another
+        # connection may hold at that moment.
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    event.listen(engine.sync_engine, "connect", on_connect)
+    if serialize:
+
+        def on_begin(connection: Any) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        event.listen(engine.sync_engine, "begin", on_begin)

@@ -1,0 +1,51 @@
+"""Shared pytest fixtures, one section per owner."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from recorder.migrate import upgrade_database
+from tests.support.postgres import PostgresServer, PostgresUnavailable, running_postgres
+
+# ---------------------------------------------------------------------------------------
+# Postgres / database fixtures (recorder)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """The test session's Postgres (LEGO_TEST_POSTGRES_URL or a throwaway cluster)."""
+    with ExitStack() as stack:
+        try:
+            server = stack.enter_context(running_postgres())
+        except PostgresUnavailable as exc:
+            pytest.skip(f"Postgres unavailable: {exc}")
+        yield server
+
+
+@pytest.fixture(scope="session")
+async def postgres_url(postgres_server: PostgresServer) -> AsyncIterator[str]:
+    """A fresh, empty database for the whole test session (postgresql+asyncpg URL)."""
+    url = await postgres_server.create_database("lego_session")
+    yield url
+    await postgres_server.drop_database(url)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A fresh database migrated to head, on each supported backend."""
+    if request.param == "sqlite":
+        # The parent directory does not exist yet: upgrade_database must create it.
+        url = f"sqlite+aiosqlite:///{tmp_path / 'data' / 'lego.sqlite3'}"
+        await upgrade_database(url)
+        yield url
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    url = await server.create_database()
+    await upgrade_database(url)
+    yield url
+    await server.drop_database(url)

@@ -1,0 +1,113 @@
+"""upgrade_database: empty -> head, idempotent, safe under concurrent callers."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect
+from sqlalchemy.engine import Connection
+
+from proxy.errors import InvalidRequest, RecorderError
+from recorder.database import create_engine
+from recorder.migrate import alembic_config, upgrade_database
+from recorder.schema import metadata
+from tests.support.postgres import PostgresServer
+
+
+async def current_revision(url: str) -> str | None:
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return await conn.run_sync(
+                lambda sync: MigrationContext.configure(sync).get_current_revision()
+            )
+    finally:
+        await engine.dispose()
+
+
+async def schema_differences(url: str) -> list[object]:
+    def compare(sync: Connection) -> list[object]:
+        return list(compare_metadata(MigrationContext.configure(sync), metadata))
+
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return await conn.run_sync(compare)
+    finally:
+        await engine.dispose()
+
+
+async def table_names(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return set(await conn.run_sync(lambda sync: inspect(sync).get_table_names()))
+    finally:
+        await engine.dispose()
+
+
+async def test_migrated_database_matches_schema_module(database_url: str) -> None:
+    assert await current_revision(database_url) == "0001"
+    assert await schema_differences(database_url) == []
+
+
+async def test_upgrade_twice_is_a_no_op(database_url: str) -> None:
+    await upgrade_database(database_url)
+    await upgrade_database(database_url)
+    assert await current_revision(database_url) == "0001"
+    assert {"runs", "sessions", "turns"} <= await table_names(database_url)
+
+
+async def test_upgrade_brings_an_older_database_to_head(database_url: str) -> None:
+    def downgrade(sync: Connection) -> None:
+        command.downgrade(alembic_config(sync), "base")
+
+    engine = create_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(downgrade)
+    finally:
+        await engine.dispose()
+    assert "turns" not in await table_names(database_url)
+
+    await upgrade_database(database_url)
+
+    assert await current_revision(database_url) == "0001"
+    assert await schema_differences(database_url) == []
+
+
+async def test_concurrent_upgrades_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'nested' / 'dir' / 'lego.sqlite3'}"
+    await asyncio.gather(*(upgrade_database(url) for _ in range(4)))
+    assert await current_revision(url) == "0001"
+    assert await schema_differences(url) == []
+
+
+@pytest.mark.postgres
+async def test_concurrent_upgrades_on_postgres(postgres_server: PostgresServer) -> None:
+    url = await postgres_server.create_database()
+    try:
+        await asyncio.gather(*(upgrade_database(url) for _ in range(4)))
+        assert await current_revision(url) == "0001"
+        assert await schema_differences(url) == []
+    finally:
+        await postgres_server.drop_database(url)
+
+
+async def test_unsupported_driver_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="unsupported database driver"):
+        await upgrade_database("mysql+aiomysql://localhost/lego")
+
+
+async def test_unreachable_postgres_raises_recorder_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(RecorderError, match="migration failed"):
+        await upgrade_database(f"postgresql+asyncpg://nobody@127.0.0.1:{port}/none")

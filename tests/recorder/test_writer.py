@@ -1,0 +1,161 @@
+"""TurnWriter: batching, flush/close, poison turns, retries across real database outages."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from recorder.database import create_engine
+from recorder.migrate import upgrade_database
+from recorder.records import SessionInfo, SessionSpec
+from recorder.store import Store
+from recorder.writer import TurnWriter
+from tests.recorder.builders import make_turn
+from tests.support.postgres import PostgresServer
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    store = await Store.open(database_url)
+    yield store
+    await store.close()
+
+
+async def new_session(store: Store) -> SessionInfo:
+    run = await store.create_run(f"run-{uuid.uuid4().hex[:8]}")
+    spec = SessionSpec(run_id=run.id, task_id="t", group_id="g", sample_index=0, harness="h")
+    return await store.create_session(spec)
+
+
+async def eventually(condition: Callable[[], bool]) -> None:
+    """Poll a writer counter (it offers no event to wait on) for up to 10 s."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached within 10 s")
+
+
+async def rename_table(url: str, old: str, new: str) -> None:
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql(f"ALTER TABLE {old} RENAME TO {new}")
+    finally:
+        await engine.dispose()
+
+
+async def test_flush_writes_everything_in_batches(store: Store) -> None:
+    session = await new_session(store)
+    writer = TurnWriter(store, max_batch=3, flush_interval_s=30.0)
+    submitted = [make_turn(session.id, seq) for seq in range(7)]
+    for turn in submitted:
+        writer.submit(turn)
+    assert writer.pending == 7
+
+    writer.start()
+    # A flush must not wait out the batching interval.
+    await asyncio.wait_for(writer.flush(), timeout=10)
+
+    assert (writer.pending, writer.written, writer.batches) == (0, 7, 3)
+    assert [t.id for t in await store.list_turns(session.id)] == [t.id for t in submitted]
+    await writer.close()
+
+
+async def test_turns_arriving_within_the_interval_share_a_batch(store: Store) -> None:
+    session = await new_session(store)
+    writer = TurnWriter(store, max_batch=100, flush_interval_s=0.3)
+    writer.start()
+
+    writer.submit(make_turn(session.id, 0))
+    await asyncio.sleep(0.05)
+    writer.submit(make_turn(session.id, 1))
+    writer.submit(make_turn(session.id, 2))
+    await eventually(lambda: writer.written == 3)
+
+    assert writer.batches == 1
+    await writer.close()
+
+
+async def test_close_flushes_and_stops(store: Store) -> None:
+    session = await new_session(store)
+    writer = TurnWriter(store)
+    for seq in range(5):
+        writer.submit(make_turn(session.id, seq))
+
+    await writer.close()  # never started: close still persists what was submitted
+
+    assert writer.pending == 0
+    assert len(await store.list_turns(session.id)) == 5
+    await writer.close()  # a second close is harmless
+
+
+async def test_unstorable_turn_is_dropped_and_the_rest_written(store: Store) -> None:
+    session = await new_session(store)
+    original = make_turn(session.id, 0)
+    await store.write_turns([original])
+    writer = TurnWriter(store)
+    writer.submit(make_turn(session.id, 1))
+    writer.submit(make_turn(session.id, 0))  # seq 0 belongs to another turn
+    writer.submit(make_turn(session.id, 2))
+
+    await asyncio.wait_for(writer.close(), timeout=10)
+
+    assert (writer.written, writer.dropped) == (2, 1)
+    got = await store.list_turns(session.id)
+    assert [t.seq for t in got] == [0, 1, 2]
+    assert got[0].id == original.id
+
+
+async def test_retries_while_the_table_is_unavailable(store: Store, database_url: str) -> None:
+    session = await new_session(store)
+    writer = TurnWriter(store, flush_interval_s=0.01, retry_initial_s=0.02, retry_max_s=0.1)
+    writer.start()
+    await rename_table(database_url, "turns", "turns_away")
+    try:
+        for seq in range(3):
+            writer.submit(make_turn(session.id, seq))
+        await eventually(lambda: writer.failures >= 2)
+        assert (writer.pending, writer.written) == (3, 0)
+    finally:
+        await rename_table(database_url, "turns_away", "turns")
+
+    await asyncio.wait_for(writer.close(), timeout=10)
+
+    assert (writer.written, writer.dropped, writer.pending) == (3, 0, 0)
+    assert [t.seq for t in await store.list_turns(session.id)] == [0, 1, 2]
+
+
+@pytest.mark.postgres
+async def test_survives_a_postgres_restart(postgres_server: PostgresServer) -> None:
+    if not postgres_server.owned:
+        pytest.skip("needs a Postgres started by the tests (LEGO_TEST_POSTGRES_URL is set)")
+    url = await postgres_server.create_database()
+    await upgrade_database(url)
+    store = await Store.open(url)
+    writer = TurnWriter(store, flush_interval_s=0.01, retry_initial_s=0.05, retry_max_s=0.2)
+    try:
+        session = await new_session(store)
+        writer.submit(make_turn(session.id, 0))
+        await writer.flush()  # the pool now holds a connection the restart will break
+
+        await asyncio.to_thread(postgres_server.stop)
+        try:
+            for seq in range(1, 4):
+                writer.submit(make_turn(session.id, seq))
+            await eventually(lambda: writer.failures >= 2)
+            assert writer.pending == 3
+        finally:
+            await asyncio.to_thread(postgres_server.start)
+
+        await asyncio.wait_for(writer.flush(), timeout=30)
+
+        assert writer.written == 4
+        assert [t.seq for t in await store.list_turns(session.id)] == [0, 1, 2, 3]
+    finally:
+        await writer.close()
+        await store.close()
+        await postgres_server.drop_database(url)
