@@ -1,0 +1,65 @@
+"""The engine's command line: ``lego-proxy engine ...`` and ``python -m engine``.
+
+Owns ``add_engine_arguments(parser)`` (the flags) and ``run_engine(args)`` (resolve the
+model directory, building the tiny model when ``--model`` is unset, then serve with
+uvicorn until interrupted). ``--data-dir`` defaults to ``$LEGO_DATA_DIR`` or
+``~/.local/share/lego-proxy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.tiny import default_model_dir, ensure_tiny_model
+
+
+def _default_data_dir() -> Path:
+    env = os.environ.get("LEGO_DATA_DIR")
+    return Path(env) if env else Path.home() / ".local" / "share" / "lego-proxy"
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=None, help="HF model directory")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--script", type=Path, default=None, help="scripted policy JSON")
+    parser.add_argument("--zero-compute", action="store_true", help="fixed instant replies")
+    parser.add_argument("--incremental-streaming-output", action="store_true")
+    parser.add_argument("--weight-version", default="default")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--data-dir", type=Path, default=None)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    model: Path | None = args.model
+    if model is None:
+        data_dir: Path = args.data_dir or _default_data_dir()
+        model = ensure_tiny_model(default_model_dir(data_dir))
+    return EngineConfig(
+        model_path=model,
+        host=args.host,
+        port=args.port,
+        script_path=args.script,
+        zero_compute=args.zero_compute,
+        incremental_streaming_output=args.incremental_streaming_output,
+        weight_version=args.weight_version,
+        served_model_name=args.served_model_name,
+    )
+
+
+def run_engine(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from engine.server import create_engine_app
+
+    config = engine_config_from_args(args)
+    uvicorn.run(create_engine_app(config), host=config.host, port=config.port, log_level="info")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    add_engine_arguments(parser)
+    run_engine(parser.parse_args(argv))

@@ -1,0 +1,18 @@
+"""``EngineConfig``: everything one local engine process is started with (frozen)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: Path
+    host: str = "127.0.0.1"
+    port: int = 30000
+    script_path: Path | None = None  # scripted policy (engine.script)
+    zero_compute: bool = False  # fixed replies, no forward pass (overhead benchmarks)
+    incremental_streaming_output: bool = False  # SGLang's --incremental-streaming-output
+    weight_version: str = "default"
+    served_model_name: str | None = None  # unset: the model path, as SGLang does

@@ -1,0 +1,160 @@
+"""Engine modes: incremental streaming, the scripted policy, zero-compute, disconnects."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from engine.config import EngineConfig
+from engine.script import prompt_tail
+from engine.zero import FIXED_LOGPROB
+from tests.engine.helpers import decode_routing, generate, stream_chunks
+from tests.support.engine_server import running_engine
+
+PROMPT = [1716, 882, 198, 71, 72, 1717, 198, 1716, 329, 198]
+WEATHER_REPLY = (
+    "<think>\nThe user wants weather.\n</think>\n\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+SCRIPT = {
+    "rules": [
+        {"match": "weather", "reply": WEATHER_REPLY},
+        {"match": "list files", "reply": "Sure.", "delay_s": 0.0},
+        {"match": "slowly", "reply": "one two three four five six seven " * 20, "delay_s": 0.05},
+    ],
+    "default": "I do not know.",
+}
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: Path) -> Any:
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def scripted_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    script = tmp_path_factory.mktemp("script") / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    with running_engine(EngineConfig(model_path=tiny_model_dir, script_path=script)) as url:
+        yield url
+
+
+def test_incremental_stream_concatenates_to_the_full_answer(tiny_model_dir: Path) -> None:
+    config = EngineConfig(model_path=tiny_model_dir, incremental_streaming_output=True)
+    body = {
+        "input_ids": PROMPT,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True},
+        "return_logprob": True,
+    }
+    with running_engine(config) as url:
+        full = generate(url, body)
+        chunks = stream_chunks(url, body)
+    ids = [i for c in chunks for i in c["output_ids"]]
+    logprobs = [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]]
+    assert ids == full["output_ids"]
+    assert logprobs == full["meta_info"]["output_token_logprobs"]
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert chunks[-1]["meta_info"]["completion_tokens"] == 16
+
+
+def _prompt(tok: Any, messages: list[dict[str, str]]) -> list[int]:
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids: list[int] = tok.encode(text, add_special_tokens=False)
+    return ids
+
+
+def test_prompt_tail_is_after_last_assistant_turn() -> None:
+    text = "<|im_start|>user\nweather?<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\nrest"
+    assert prompt_tail(text) == "\nrest"
+    assert prompt_tail("no turns") == "no turns"
+
+
+def test_scripted_reply_is_emitted_token_for_token(scripted_url: str, tok: Any) -> None:
+    prompt = _prompt(tok, [{"role": "user", "content": "What is the weather in Paris?"}])
+    out = generate(
+        scripted_url,
+        {
+            "input_ids": prompt,
+            "return_logprob": True,
+            "return_routed_experts": True,
+            "sampling_params": {"max_new_tokens": 200},
+        },
+    )
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    expected = [*tok.encode(WEATHER_REPLY, add_special_tokens=False), eos]
+    assert out["output_ids"] == expected
+    assert out["text"] == WEATHER_REPLY
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos}
+    logprobs = [e[0] for e in out["meta_info"]["output_token_logprobs"]]
+    assert all(lp < 0 for lp in logprobs)
+    assert len(set(logprobs)) > 1
+    assert decode_routing(out["meta_info"]).shape == (len(prompt) + len(expected) - 1, 4, 2)
+
+
+def test_scripted_rule_matches_only_the_tail(scripted_url: str, tok: Any) -> None:
+    prompt = _prompt(
+        tok,
+        [
+            {"role": "user", "content": "weather please"},
+            {"role": "assistant", "content": "It is sunny."},
+            {"role": "user", "content": "now list files"},
+        ],
+    )
+    out = generate(scripted_url, {"input_ids": prompt})
+    assert out["text"] == "Sure."
+    other = generate(scripted_url, {"input_ids": _prompt(tok, [{"role": "user", "content": "?"}])})
+    assert other["text"] == "I do not know."
+
+
+def test_scripted_reply_honours_max_new_tokens(scripted_url: str, tok: Any) -> None:
+    prompt = _prompt(tok, [{"role": "user", "content": "weather"}])
+    out = generate(scripted_url, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 3}})
+    assert out["output_ids"] == tok.encode(WEATHER_REPLY, add_special_tokens=False)[:3]
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+
+
+def test_client_disconnect_aborts_the_request(scripted_url: str, tok: Any) -> None:
+    prompt = _prompt(tok, [{"role": "user", "content": "answer slowly"}])
+    with httpx.stream(
+        "POST", f"{scripted_url}/generate", json={"input_ids": prompt, "stream": True}, timeout=30
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break
+    assert httpx.post(f"{scripted_url}/flush_cache").status_code in (200, 400)
+    deadline = time.monotonic() + 5
+    while httpx.post(f"{scripted_url}/flush_cache").status_code != 200:
+        assert time.monotonic() < deadline, "the disconnected request kept running"
+        time.sleep(0.05)
+
+
+def test_zero_compute(tiny_model_dir: Path, tok: Any) -> None:
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    reply = [*tok.encode("OK.", add_special_tokens=False), eos]
+    with running_engine(EngineConfig(model_path=tiny_model_dir, zero_compute=True)) as url:
+        out = generate(
+            url, {"input_ids": PROMPT, "return_logprob": True, "return_routed_experts": True}
+        )
+        assert out["output_ids"] == reply
+        assert out["text"] == "OK."
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos}
+        assert [e[0] for e in out["meta_info"]["output_token_logprobs"]] == [FIXED_LOGPROB] * len(
+            reply
+        )
+        rows = decode_routing(out["meta_info"])
+        assert rows.shape == (len(PROMPT) + len(reply) - 1, 4, 2)
+        assert (rows >= 0).all()
+        assert (rows < 8).all()
+        cut = generate(url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}})
+        assert cut["meta_info"]["finish_reason"] == {"type": "length", "length": 1}
+        chunks = stream_chunks(url, {"input_ids": PROMPT})
+        assert chunks[-1]["output_ids"] == reply
+        bad = httpx.post(f"{url}/generate", json={"input_ids": PROMPT, "sampling_params": {"x": 1}})
+        assert bad.status_code == 400
