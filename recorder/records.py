@@ -98,6 +98,11 @@ class TurnRecord:
     malformed_tool_calls: int = 0
     resumptions: int = 0
     error: str | None = None
+    # History alignment (the ledger): which turn this one continues, how, and why not.
+    parent_turn_id: str | None = None
+    classification: str = "root"  # root | extend | realign | fork
+    fork_reason: str | None = None  # compaction | edited_history | system_changed | ...
+    reused_prefix_len: int = 0  # leading prompt ids identical to the parent's tokens
     timings: TurnTimings = field(default_factory=lambda: TurnTimings(received_at=0.0))
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from recorder.migrate import upgrade_database
+from tests.support.engine_server import tiny_model_dir as tiny_model_dir
 from tests.support.postgres import PostgresServer, PostgresUnavailable, running_postgres
 
 # ---------------------------------------------------------------------------------------

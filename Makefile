@@ -1,0 +1,34 @@
+# An index of the project's commands; CI calls the same targets.
+PY ?= python3
+
+.PHONY: install demo test test-all lint typecheck check bench serve engine
+
+install:  ## torch first, pinned to the CPU wheel on disk, so pip never pulls a CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[engine,dev]'
+
+demo: install  ## one scripted rollout on the embedded default (SQLite + local CPU engine)
+	lego-proxy demo
+
+test: install  ## the test suite (starts its own Postgres when LEGO_TEST_POSTGRES_URL is unset)
+	$(PY) -m pytest -q
+
+test-all: install  ## including the slow suites
+	$(PY) -m pytest -q -m ''
+
+lint:
+	ruff check . && ruff format --check .
+
+typecheck:
+	mypy
+
+check: lint typecheck test
+
+bench: install  ## proxy overhead vs direct engine calls (zero-compute engine)
+	$(PY) bench/overhead.py
+
+serve:
+	lego-proxy serve
+
+engine:
+	lego-proxy engine

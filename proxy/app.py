@@ -1,0 +1,137 @@
+"""``create_app(settings)``: the one place the proxy's lifecycles live.
+
+Start-up, in order: the embedded engine (only when no backend URL is set), the tokenizer
+whose chat template renders prompts, the pooled HTTP client, the database (brought to the
+current schema under a lock), the turn writer, then the routes. Shutdown reverses it and
+flushes every pending turn. Nothing happens at import time and nothing is global: two apps
+in one process share nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+
+from engine.tiny import default_model_dir
+from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
+from proxy.backend import ExpertShape, SGLangBackend
+from proxy.embedded import EmbeddedEngine
+from proxy.errors import LegoError, NotFound
+from proxy.metrics import Metrics
+from proxy.pipeline import Pipeline
+from proxy.render import load_tokenizer
+from proxy.routes import control, inference
+from proxy.sessions import SessionCache
+from proxy.settings import Settings
+from proxy.state import AppState
+from recorder.migrate import upgrade_database
+from recorder.store import Store
+from recorder.writer import TurnWriter
+
+
+def expert_shape(model_dir: Path) -> ExpertShape | None:
+    """Layers x top-k of an MoE model directory; None for dense models or bare tokenizers."""
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    config = config.get("text_config", config)
+    top_k = config.get("num_experts_per_tok")
+    layers = config.get("num_hidden_layers")
+    if not isinstance(top_k, int) or not isinstance(layers, int):
+        return None
+    return ExpertShape(num_layers=layers, top_k=top_k)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    metrics = Metrics()
+    chat_adapter = OpenAIChatAdapter()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine: EmbeddedEngine | None = None
+        backend_url = settings.backend_url
+        model_dir = settings.tokenizer_path or default_model_dir(settings.data_dir)
+        if backend_url is None:
+            engine = EmbeddedEngine(
+                model_dir=settings.tokenizer_path,
+                data_dir=settings.data_dir,
+                extra_args=settings.engine_args,
+            )
+            await engine.start()
+            backend_url = engine.url
+        client = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.backend_timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
+        store = await Store.open(settings.effective_database_url)
+        writer: TurnWriter | None = None
+        try:
+            tokenizer = load_tokenizer(model_dir)
+            await upgrade_database(settings.effective_database_url)
+            writer = TurnWriter(store)
+            writer.start()
+            sessions = SessionCache(store)
+            pipeline = Pipeline(
+                settings=settings,
+                tokenizer=tokenizer,
+                backend=SGLangBackend(client, backend_url, expert_shape(model_dir)),
+                writer=writer,
+                sessions=sessions,
+                metrics=metrics,
+            )
+            state = AppState(
+                settings=settings,
+                metrics=metrics,
+                store=store,
+                writer=writer,
+                sessions=sessions,
+                pipeline=pipeline,
+                adapters={chat_adapter.name: chat_adapter},
+                served_model_name=model_dir.name,
+                models_response=models_response,
+            )
+            app.state.lego = state
+            yield
+        finally:
+            if writer is not None:
+                await writer.close()
+            await store.close()
+            await client.aclose()
+            if engine is not None:
+                await engine.stop()
+
+    app = FastAPI(title="lego-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.include_router(inference.build_router(chat_adapter))
+    app.include_router(control.build_router(settings, chat_adapter.error_response))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics_endpoint(request: Request) -> Response:
+        state: AppState = request.app.state.lego
+        metrics.recorder_pending.set(state.writer.pending)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        error: LegoError = (
+            NotFound(f"no route {request.method} {request.url.path}")
+            if exc.status_code == 404
+            else LegoError(str(exc.detail))
+        )
+        if exc.status_code != 404:
+            error.status = exc.status_code
+        status, content = chat_adapter.error_response(error)
+        return Response(content, status_code=status, media_type="application/json")
+
+    return app

@@ -1,0 +1,99 @@
+"""The ``lego-proxy`` command line.
+
+lego-proxy serve [--host H] [--port P]     the proxy (settings from LEGO_* env)
+lego-proxy engine [--model DIR] [--port P] the SGLang-compatible local engine alone
+lego-proxy db upgrade                      bring the database to the current schema
+lego-proxy demo                            a scripted multi-turn tool-calling rollout
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from proxy.errors import LegoError
+
+
+def _serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from proxy.app import create_app
+    from proxy.settings import Settings
+
+    overrides: dict[str, object] = {}
+    if args.host is not None:
+        overrides["host"] = args.host
+    if args.port is not None:
+        overrides["port"] = args.port
+    settings = Settings(**overrides)  # type: ignore[arg-type]  # validated by pydantic
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=30,
+    )
+
+
+def _engine(args: argparse.Namespace) -> None:
+    from engine.cli import run_engine
+
+    run_engine(args)
+
+
+def _db_upgrade(args: argparse.Namespace) -> None:
+    from proxy.settings import Settings
+    from recorder.migrate import upgrade_database
+
+    settings = Settings()
+    asyncio.run(upgrade_database(settings.effective_database_url))
+    print(f"database at {settings.effective_database_url} is at the current schema")
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from proxy.demo import run_demo
+
+    run_demo(keep=args.keep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine.cli import add_engine_arguments
+
+    parser = argparse.ArgumentParser(prog="lego-proxy", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument("--host", default=None, help="bind address (LEGO_HOST)")
+    serve.add_argument("--port", type=int, default=None, help="port (LEGO_PORT)")
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=_serve)
+
+    engine = commands.add_parser("engine", help="run the SGLang-compatible local engine")
+    add_engine_arguments(engine)
+    engine.set_defaults(func=_engine)
+
+    db = commands.add_parser("db", help="database maintenance")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_commands.add_parser("upgrade", help="migrate LEGO_DATABASE_URL to head")
+    upgrade.set_defaults(func=_db_upgrade)
+
+    demo = commands.add_parser("demo", help="run a scripted rollout on the embedded default")
+    demo.add_argument("--keep", action="store_true", help="keep the demo's data directory")
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except LegoError as exc:
+        print(f"lego-proxy: {exc.message}", file=sys.stderr)
+        raise SystemExit(1) from exc
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

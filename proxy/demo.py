@@ -1,0 +1,191 @@
+"""``lego-proxy demo``: one scripted rollout through the whole system on the embedded default.
+
+It starts the proxy (SQLite file + the local CPU engine in scripted-policy mode) on a free
+loopback port, creates a run and a session through the control API, plays a harness with
+the official ``openai`` SDK (a streamed tool call, the tool actually run, a final answer),
+finishes the session with a reward, and prints the recorded trajectory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.app import create_app
+from proxy.settings import Settings
+from proxy.threaded import free_port, serve
+
+SHELL_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command in the workspace and return its output.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "The command."}},
+            "required": ["command"],
+        },
+    },
+}
+
+# The policy the engine plays, written in the model's own format; the engine tokenizes it and
+# the proxy parses it back out of the sampled ids like any other model output.
+SCRIPT = {
+    "rules": [
+        {
+            "match": "<tool_response>",
+            "reply": "<think>\nThe command printed hello, so the file is right.\n</think>\n\n"
+            "demo.txt now contains: hello",
+        }
+    ],
+    "default": "<think>\nI should create the file with the shell tool.\n</think>\n\n"
+    '<tool_call>\n{"name": "bash", "arguments": {"command": "echo hello > demo.txt && '
+    'cat demo.txt"}}\n</tool_call>',
+}
+
+
+def run_demo(*, keep: bool = False) -> None:
+    from openai import OpenAI
+
+    root = Path(tempfile.mkdtemp(prefix="lego-demo-"))
+    workspace = root / "workspace"
+    workspace.mkdir()
+    script = root / "policy.json"
+    script.write_text(json.dumps(SCRIPT, indent=2))
+    settings = Settings(
+        data_dir=root / "data",
+        port=free_port(),
+        engine_args=f"--script {script}",
+    )
+    try:
+        print(f"lego-proxy demo: data in {root} (SQLite + local CPU engine, scripted policy)")
+        with serve(create_app(settings), port=settings.port) as base_url:
+            admin = httpx.Client(
+                base_url=f"{base_url}/api/v1",
+                headers={"authorization": f"Bearer {settings.effective_admin_key}"},
+                timeout=60,
+            )
+            run = admin.post("/runs", json={"name": "demo"}).raise_for_status().json()
+            session = (
+                admin.post(
+                    f"/runs/{run['id']}/sessions",
+                    json={"task_id": "create-demo-file", "group_id": "g0", "harness": "demo"},
+                )
+                .raise_for_status()
+                .json()
+            )
+            print(f"run {run['id']}  session {session['id']}")
+            print(f"harness base URL: {session['openai_base_url']}")
+
+            client = OpenAI(base_url=session["openai_base_url"], api_key="unused-key-in-path")
+            messages: list[Any] = [
+                {"role": "system", "content": "You are a coding agent with a shell."},
+                {"role": "user", "content": "Create demo.txt containing hello."},
+            ]
+            for turn in range(1, 4):
+                stream = client.chat.completions.create(
+                    model="demo-model",
+                    messages=messages,
+                    tools=[SHELL_TOOL],
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                text, calls, usage, finish = _read_stream(stream)
+                print(f"\nturn {turn}: finish={finish} usage={usage}")
+                if text:
+                    print(f"  assistant: {text}")
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": text or None,
+                        **({"tool_calls": calls} if calls else {}),
+                    }
+                )
+                if not calls:
+                    break
+                for call in calls:
+                    command = json.loads(call["function"]["arguments"])["command"]
+                    print(f"  tool call {call['function']['name']}: {command}")
+                    result = subprocess.run(
+                        command,
+                        shell=True,
+                        cwd=workspace,
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                        check=False,
+                    )
+                    print(f"  tool result: {result.stdout.strip()!r}")
+                    messages.append(
+                        {"role": "tool", "tool_call_id": call["id"], "content": result.stdout}
+                    )
+
+            solved = (workspace / "demo.txt").read_text().strip() == "hello"
+            admin.post(
+                f"/sessions/{session['id']}/finish",
+                json={"termination": "completed", "reward": 1.0 if solved else 0.0},
+            ).raise_for_status()
+            trajectory = admin.get(f"/sessions/{session['id']}/trajectory").json()
+            _print_trajectory(trajectory)
+    finally:
+        if keep:
+            print(f"\nkept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _read_stream(stream: Any) -> tuple[str, list[dict[str, Any]], object, str | None]:
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    usage: object = None
+    finish: str | None = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = {
+                "prompt": chunk.usage.prompt_tokens,
+                "completion": chunk.usage.completion_tokens,
+            }
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                text.append(delta.content)
+            for tc in delta.tool_calls or []:
+                call = calls.setdefault(
+                    tc.index,
+                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                call["id"] = tc.id or call["id"]
+                if tc.function is not None:
+                    call["function"]["name"] += tc.function.name or ""
+                    call["function"]["arguments"] += tc.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return "".join(text), [calls[i] for i in sorted(calls)], usage, finish
+
+
+def _print_trajectory(trajectory: dict[str, Any]) -> None:
+    print(
+        f"\nrecorded session: termination={trajectory['termination']} "
+        f"reward={trajectory['reward']} turns={trajectory['turn_count']}"
+    )
+    for turn in trajectory["turns"]:
+        print(
+            f"  turn {turn['seq']}: {turn['status']:<9} prompt={turn['prompt_tokens']:>4} "
+            f"sampled={turn['completion_tokens']:>3} finish={turn['finish_reason']} "
+            f"weights={turn['weight_version']}"
+        )
+    for index, segment in enumerate(trajectory["segments"]):
+        mask = segment["loss_mask"]
+        sampled = [lp for lp, m in zip(segment["logprobs"], mask, strict=True) if m]
+        experts = segment["routed_experts"]
+        shape = f"{len(experts)}x{len(experts[0])}x{len(experts[0][0])}" if experts else "none"
+        print(
+            f"  segment {index}: {len(segment['tokens'])} tokens, {sum(mask)} sampled "
+            f"(loss mask), mean sampled logprob {sum(sampled) / max(len(sampled), 1):.3f}, "
+            f"routed experts {shape}, turns {len(segment['turn_ids'])}"
+        )

@@ -1,0 +1,63 @@
+"""The embedded local engine: a child process serving SGLang's protocol on loopback.
+
+Used when ``LEGO_BACKEND_URL`` is unset. A separate process keeps model compute off the
+proxy's event loop and GIL. The engine builds the tiny default model on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+from pathlib import Path
+
+import httpx
+
+from proxy.errors import BackendUnavailable
+from proxy.threaded import free_port
+
+
+class EmbeddedEngine:
+    def __init__(self, *, model_dir: Path | None, data_dir: Path, extra_args: str = "") -> None:
+        """``model_dir`` None: the engine builds (once) and serves the tiny default model."""
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        model = ["--model", str(model_dir)] if model_dir is not None else []
+        self._cmd = [
+            sys.executable, "-m", "engine",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            *model, "--data-dir", str(data_dir),
+            *shlex.split(extra_args),
+        ]  # fmt: skip
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def start(self, timeout_s: float = 180.0) -> None:
+        self._process = await asyncio.create_subprocess_exec(*self._cmd)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        async with httpx.AsyncClient() as client:
+            while loop.time() < deadline:
+                if self._process.returncode is not None:
+                    raise BackendUnavailable(
+                        f"the embedded engine exited with code {self._process.returncode}: "
+                        f"{shlex.join(self._cmd)}"
+                    )
+                try:
+                    if (await client.get(f"{self.url}/health", timeout=1.0)).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                await asyncio.sleep(0.2)
+        await self.stop()
+        raise BackendUnavailable(f"the embedded engine did not become healthy in {timeout_s} s")
+
+    async def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.returncode is not None:
+            return
+        process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), 15)
+        except TimeoutError:
+            process.kill()
+            await process.wait()

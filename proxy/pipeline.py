@@ -1,0 +1,360 @@
+"""The one pipeline that runs a harness turn, whatever the wire protocol.
+
+Owns: prompt budget checks, SGLang sampling parameters (session overrides win), the backend
+generation with transparent resumption after a pause-abort, incremental parsing of the
+sampled ids into output events, and building the ``TurnRecord`` handed to the recorder.
+
+Contract:
+- ``prepare`` validates and renders; it raises before anything is sent or recorded, so bad
+  input never leaves a half-written turn.
+- ``run`` yields ``OutputEvent``s as the backend produces tokens and ends with one
+  ``TurnFinished``. Every backend generation it started is recorded exactly once, when the
+  generator ends: ``completed`` when it ran to the end, ``failed`` when the backend or the
+  parser failed (the error is re-raised for the adapter), ``cancelled`` when the consumer
+  went away (the backend request is aborted by ``rid``).
+- One harness request makes one backend generation, plus re-sends of ``prompt + partial
+  output`` when the backend aborted it for a pause or weight update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from transformers import PreTrainedTokenizerBase
+
+from proxy.backend import Finish, GenerateCall, GenerationDelta, GenerationEnd, SGLangBackend
+from proxy.canonical import (
+    ChatRequest,
+    FinishReason,
+    OutputEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolChoiceMode,
+    TurnFinished,
+    Usage,
+)
+from proxy.errors import BackendError, ContextLengthExceeded, LegoError
+from proxy.metrics import Metrics
+from proxy.parsing.parser import OutputParser
+from proxy.render import Renderer
+from proxy.sessions import SessionCache
+from proxy.settings import Settings
+from recorder.records import RoutedExperts, SessionInfo, TurnRecord, TurnStatus, TurnTimings
+from recorder.writer import TurnWriter
+
+# Keys the orchestrator may pin per session, in canonical names, and their SGLang names.
+SESSION_SAMPLING_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "seed": "sampling_seed",
+    "max_tokens": "max_new_tokens",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedTurn:
+    turn_id: str
+    session: SessionInfo
+    request: ChatRequest
+    prompt_ids: tuple[int, ...]
+    sampling_params: dict[str, object]
+    starts_in_reasoning: bool
+    received_at: float
+    started: float  # perf_counter at receipt
+
+
+@dataclass(slots=True)
+class _Message:
+    """The parsed answer as the harness received it, kept for inspection."""
+
+    reasoning: list[str] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    tool_calls: list[dict[str, str]] = field(default_factory=list)
+
+    def add(self, event: OutputEvent) -> None:
+        if isinstance(event, ReasoningDelta):
+            self.reasoning.append(event.text)
+        elif isinstance(event, TextDelta):
+            self.content.append(event.text)
+        elif isinstance(event, ToolCallDelta):
+            call = event.call
+            self.tool_calls.append({"id": call.id, "name": call.name, "arguments": call.arguments})
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "reasoning": "".join(self.reasoning) if self.reasoning else None,
+                "content": "".join(self.content),
+                "tool_calls": self.tool_calls,
+            }
+        )
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What one turn has produced so far (mutable, owned by one ``run``)."""
+
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    end: GenerationEnd | None = None
+    message: _Message = field(default_factory=_Message)
+    resumptions: int = 0
+    first_token_s: float | None = None
+    backend_s: float = 0.0
+
+
+class Pipeline:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        tokenizer: PreTrainedTokenizerBase,
+        backend: SGLangBackend,
+        writer: TurnWriter,
+        sessions: SessionCache,
+        metrics: Metrics,
+    ) -> None:
+        self._settings = settings
+        self._tokenizer = tokenizer
+        self._renderer = Renderer(tokenizer)
+        self._backend = backend
+        self._writer = writer
+        self._sessions = sessions
+        self._metrics = metrics
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- before anything is sent ------------------------------------------------
+    def prepare(self, session: SessionInfo, request: ChatRequest) -> PreparedTurn:
+        started = time.perf_counter()
+        prompt = tuple(self._renderer.render(request))
+        spec = session.spec
+        prompt_budget = self._settings.context_length - 1
+        if spec.max_prompt_tokens is not None:
+            prompt_budget = min(prompt_budget, spec.max_prompt_tokens)
+        if len(prompt) > prompt_budget:
+            raise ContextLengthExceeded(
+                f"the prompt is {len(prompt)} tokens, over this session's budget of "
+                f"{prompt_budget} tokens",
+                param="messages",
+            )
+        sampling = _sampling_params(request, session, self._settings, len(prompt))
+        tail = str(self._tokenizer.decode(list(prompt[-4:]), skip_special_tokens=False))
+        return PreparedTurn(
+            turn_id=uuid.uuid4().hex,
+            session=session,
+            request=request,
+            prompt_ids=prompt,
+            sampling_params=sampling,
+            starts_in_reasoning=tail.rstrip().endswith("<think>"),
+            received_at=time.time(),
+            started=started,
+        )
+
+    # -- the turn -------------------------------------------------------------
+    async def run(self, turn: PreparedTurn) -> AsyncGenerator[OutputEvent, None]:
+        request = turn.request
+        parser = OutputParser(
+            tokenizer=self._tokenizer,
+            tool_parser=self._settings.tool_parser,
+            tools=request.tools,
+            stop=request.sampling.stop,
+            call_id_prefix=f"call_{turn.turn_id[:16]}_",
+            starts_in_reasoning=turn.starts_in_reasoning,
+            tools_enabled=request.tool_choice.mode is not ToolChoiceMode.NONE,
+        )
+        progress = _Progress()
+        status = TurnStatus.FAILED
+        error: str | None = None
+        try:
+            async for delta in self._generate(turn, progress):
+                events = parser.feed(delta.ids)
+                if events and progress.first_token_s is None:
+                    progress.first_token_s = time.perf_counter() - turn.started
+                for event in events:
+                    progress.message.add(event)
+                    yield event
+            end = progress.end
+            assert end is not None  # _generate returns only after GenerationEnd
+            matched = end.finish.matched if isinstance(end.finish.matched, str) else None
+            for event in parser.finish(matched):
+                progress.message.add(event)
+                yield event
+            finished = TurnFinished(
+                turn_id=turn.turn_id,
+                finish_reason=_finish_reason(end.finish, parser.has_tool_calls),
+                usage=Usage(
+                    prompt_tokens=len(turn.prompt_ids),
+                    completion_tokens=len(progress.output_ids),
+                    reasoning_tokens=parser.reasoning_tokens,
+                ),
+                matched_stop=matched,
+            )
+            status = TurnStatus.COMPLETED
+            yield finished
+        except (asyncio.CancelledError, GeneratorExit):
+            status = TurnStatus.CANCELLED
+            self._metrics.backend_aborts.labels(cause="client_disconnect").inc()
+            self._spawn(self._backend.abort(turn.turn_id))
+            raise
+        except LegoError as exc:
+            error = exc.message
+            kind = "backend" if isinstance(exc, BackendError) else exc.code
+            self._metrics.backend_errors.labels(kind=kind).inc()
+            raise
+        except Exception as exc:
+            error = f"internal error: {exc!r}"
+            raise
+        finally:
+            # Every turn that got this far is recorded, failures included, so that nothing
+            # the harness saw (or failed to see) goes missing from the trajectory.
+            self._record(turn, progress, parser, status, error)
+
+    async def _generate(
+        self, turn: PreparedTurn, progress: _Progress
+    ) -> AsyncIterator[GenerationDelta]:
+        max_new = int(turn.sampling_params["max_new_tokens"])  # type: ignore[call-overload]
+        while True:
+            sampling = dict(turn.sampling_params)
+            sampling["max_new_tokens"] = max_new - len(progress.output_ids)
+            call = GenerateCall(
+                input_ids=turn.prompt_ids + tuple(progress.output_ids),
+                sampling_params=sampling,
+                rid=turn.turn_id
+                if progress.resumptions == 0
+                else f"{turn.turn_id}-r{progress.resumptions}",
+                routing_key=turn.session.id,
+                routed_experts_start_len=0 if self._settings.return_routed_experts else None,
+            )
+            began = time.perf_counter()
+            try:
+                async for item in self._backend.generate(call):
+                    if isinstance(item, GenerationEnd):
+                        progress.end = item
+                    else:
+                        progress.output_ids.extend(item.ids)
+                        progress.logprobs.extend(item.logprobs)
+                        yield item
+            finally:
+                progress.backend_s += time.perf_counter() - began
+            end = progress.end
+            assert end is not None
+            remaining = max_new - len(progress.output_ids)
+            if end.finish.type != "abort" or remaining <= 0:
+                return
+            if progress.resumptions >= self._settings.max_resumptions:
+                raise BackendError(
+                    f"the backend aborted the generation {progress.resumptions + 1} times: "
+                    f"{end.finish.message}"
+                )
+            # A pause or weight update aborted us mid-answer: continue from what was sampled.
+            self._metrics.backend_aborts.labels(cause="backend_pause").inc()
+            progress.resumptions += 1
+            progress.end = None
+
+    # -- recording -------------------------------------------------------------
+    def _record(
+        self,
+        turn: PreparedTurn,
+        progress: _Progress,
+        parser: OutputParser,
+        status: TurnStatus,
+        error: str | None,
+    ) -> None:
+        end = progress.end
+        now = time.perf_counter() - turn.started
+        routed: RoutedExperts | None = end.routed_experts if end is not None else None
+        record = TurnRecord(
+            id=turn.turn_id,
+            session_id=turn.session.id,
+            seq=self._sessions.next_seq(turn.session.id),
+            adapter=turn.request.adapter,
+            requested_model=turn.request.model,
+            status=status,
+            prompt_ids=turn.prompt_ids,
+            output_ids=tuple(progress.output_ids),
+            logprobs=tuple(progress.logprobs),
+            routed_experts=routed,
+            finish_reason=end.finish.type if end is not None else "error",
+            weight_version=end.weight_version if end is not None else "",
+            sampling_params=turn.sampling_params,
+            request_messages=orjson.dumps(turn.request),
+            response_message=progress.message.to_json(),
+            ignored_fields=turn.request.ignored_fields,
+            malformed_tool_calls=parser.malformed_tool_calls,
+            resumptions=progress.resumptions,
+            error=error,
+            timings=TurnTimings(
+                received_at=turn.received_at,
+                first_token_s=progress.first_token_s,
+                finished_s=now,
+                backend_s=progress.backend_s,
+            ),
+        )
+        self._writer.submit(record)
+        adapter = turn.request.adapter
+        self._metrics.turns.labels(adapter=adapter, status=status.value).inc()
+        self._metrics.turn_duration.labels(adapter=adapter).observe(now)
+        if progress.first_token_s is not None:
+            self._metrics.ttft.labels(adapter=adapter).observe(progress.first_token_s)
+        self._metrics.prompt_tokens.inc(len(turn.prompt_ids))
+        self._metrics.completion_tokens.inc(len(progress.output_ids))
+        if parser.malformed_tool_calls:
+            self._metrics.malformed_tool_calls.inc(parser.malformed_tool_calls)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def _finish_reason(finish: Finish, has_tool_calls: bool) -> FinishReason:
+    if finish.type == "length":
+        return FinishReason.LENGTH
+    if has_tool_calls:
+        return FinishReason.TOOL_CALLS
+    return FinishReason.STOP
+
+
+def _sampling_params(
+    request: ChatRequest, session: SessionInfo, settings: Settings, prompt_len: int
+) -> dict[str, object]:
+    """SGLang's own keys only (unknown keys are a 400 there); session pins win."""
+    asked = request.sampling
+    params: dict[str, object] = {
+        # Decode and trim nothing on the backend: the proxy parses the exact ids itself.
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "no_stop_trim": True,
+    }
+    wanted: dict[str, object | None] = {
+        "temperature": asked.temperature,
+        "top_p": asked.top_p,
+        "top_k": asked.top_k,
+        "sampling_seed": asked.seed,
+        "max_new_tokens": asked.max_tokens,
+    }
+    for key, sglang_key in SESSION_SAMPLING_KEYS.items():
+        pinned = session.spec.sampling.get(key)
+        if pinned is not None:
+            wanted[sglang_key] = pinned
+    for key, value in wanted.items():
+        if value is not None:
+            params[key] = value
+    if asked.stop:
+        params["stop"] = list(asked.stop)
+    budget = settings.context_length - prompt_len
+    if session.spec.max_output_tokens is not None:
+        budget = min(budget, session.spec.max_output_tokens)
+    requested = params.get("max_new_tokens", settings.default_max_tokens)
+    assert isinstance(requested, int)
+    params["max_new_tokens"] = max(1, min(requested, budget))
+    return params

@@ -1,0 +1,1 @@
+"""HTTP routes: inference (harness-facing) and control (orchestrator/trainer-facing)."""

@@ -1,0 +1,201 @@
+"""Control API for orchestrators and trainers (admin key): runs, sessions, trajectories.
+
+Owns the control API's wire models and routes. Errors use the same envelope as the
+OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``).
+
+    POST /api/v1/runs                          {"name"}                       -> run
+    POST /api/v1/runs/{run_id}/sessions        {"task_id", "group_id", ...}   -> session + key
+    POST /api/v1/sessions/{id}/finish          {"termination", "reward"}      -> session
+    GET  /api/v1/sessions/{id}                                                -> session
+    GET  /api/v1/sessions/{id}/trajectory                                     -> segments
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+
+from proxy.errors import AuthenticationFailed, InvalidRequest, LegoError
+from proxy.settings import Settings
+from proxy.state import AppState
+from recorder.records import (
+    EXCLUDED_TERMINATIONS,
+    SessionInfo,
+    SessionSpec,
+    Termination,
+)
+from recorder.trajectory import build_segments, segment_to_json
+
+JSON = "application/json"
+_M = TypeVar("_M", bound=BaseModel)
+ErrorRenderer = Callable[[LegoError], tuple[int, bytes]]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CreateRun(_Strict):
+    name: str = Field(min_length=1, max_length=256)
+
+
+class SessionSampling(_Strict):
+    """Sampling the orchestrator pins for every turn of a session; wins over the harness."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class CreateSession(_Strict):
+    task_id: str = Field(min_length=1, max_length=512)
+    group_id: str = Field(min_length=1, max_length=512)
+    sample_index: int = Field(default=0, ge=0)
+    harness: str = Field(default="unknown", max_length=128)
+    sampling: SessionSampling = SessionSampling()
+    max_prompt_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+
+
+class FinishSession(_Strict):
+    termination: Termination
+    reward: float | None = None
+    reward_details: dict[str, JsonValue] | None = None
+
+
+def _parse(model: type[_M], body: bytes) -> _M:
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or None
+        raise InvalidRequest(f"{where or 'body'}: {first['msg']}", param=where) from exc
+
+
+def session_json(session: SessionInfo, public_url: str) -> dict[str, object]:
+    spec = session.spec
+    return {
+        "id": session.id,
+        "run_id": spec.run_id,
+        "task_id": spec.task_id,
+        "group_id": spec.group_id,
+        "sample_index": spec.sample_index,
+        "harness": spec.harness,
+        "sampling": spec.sampling,
+        "max_prompt_tokens": spec.max_prompt_tokens,
+        "max_output_tokens": spec.max_output_tokens,
+        "status": session.status.value,
+        "termination": session.termination,
+        "reward": session.reward,
+        "reward_details": session.reward_details,
+        "excluded": session.termination in EXCLUDED_TERMINATIONS,
+        "turn_count": session.turn_count,
+        "created_at": session.created_at,
+        "openai_base_url": f"{public_url}/s/{session.key}/v1",
+        "anthropic_base_url": f"{public_url}/s/{session.key}",
+    }
+
+
+def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
+    router = APIRouter(prefix="/api/v1")
+    admin_key = settings.effective_admin_key.encode()
+    public_url = settings.effective_public_url
+
+    def admin(
+        handler: Callable[[AppState, Request], Awaitable[object]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            state: AppState = request.app.state.lego
+            try:
+                auth = request.headers.get("authorization", "")
+                scheme, _, token = auth.partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    token.strip().encode(), admin_key
+                ):
+                    raise AuthenticationFailed(
+                        "the control API needs 'Authorization: Bearer <admin key>'"
+                    )
+                result = await handler(state, request)
+            except LegoError as exc:
+                status, content = render_error(exc)
+                return Response(content, status_code=status, media_type=JSON)
+            return Response(orjson.dumps(result), media_type=JSON)
+
+        return endpoint
+
+    async def create_run(state: AppState, request: Request) -> object:
+        body = _parse(CreateRun, await request.body())
+        run = await state.store.create_run(body.name)
+        return {"id": run.id, "name": run.name, "created_at": run.created_at}
+
+    async def create_session(state: AppState, request: Request) -> object:
+        body = _parse(CreateSession, await request.body())
+        spec = SessionSpec(
+            run_id=request.path_params["run_id"],
+            task_id=body.task_id,
+            group_id=body.group_id,
+            sample_index=body.sample_index,
+            harness=body.harness,
+            sampling=body.sampling.model_dump(exclude_none=True),
+            max_prompt_tokens=body.max_prompt_tokens,
+            max_output_tokens=body.max_output_tokens,
+        )
+        session = await state.store.create_session(spec)
+        state.sessions.put(session)
+        return {**session_json(session, public_url), "key": session.key}
+
+    async def finish_session(state: AppState, request: Request) -> object:
+        body = _parse(FinishSession, await request.body())
+        details: dict[str, object] | None = (
+            dict(body.reward_details) if body.reward_details is not None else None
+        )
+        session = await state.store.finish_session(
+            request.path_params["session_id"], body.termination.value, body.reward, details
+        )
+        state.sessions.finished(session)
+        state.metrics.sessions_finished.labels(termination=body.termination.value).inc()
+        return session_json(session, public_url)
+
+    async def get_session(state: AppState, request: Request) -> object:
+        await state.writer.flush()
+        session = await state.store.get_session(request.path_params["session_id"])
+        return session_json(session, public_url)
+
+    async def trajectory(state: AppState, request: Request) -> object:
+        await state.writer.flush()
+        session = await state.store.get_session(request.path_params["session_id"])
+        turns = await state.store.list_turns(session.id)
+        return {
+            **session_json(session, public_url),
+            "turns": [
+                {
+                    "id": t.id,
+                    "seq": t.seq,
+                    "status": t.status.value,
+                    "finish_reason": t.finish_reason,
+                    "weight_version": t.weight_version,
+                    "prompt_tokens": len(t.prompt_ids),
+                    "completion_tokens": len(t.output_ids),
+                    "adapter": t.adapter,
+                    "error": t.error,
+                }
+                for t in turns
+            ],
+            "segments": [segment_to_json(s) for s in build_segments(turns)],
+        }
+
+    router.add_api_route("/runs", admin(create_run), methods=["POST"])
+    router.add_api_route("/runs/{run_id}/sessions", admin(create_session), methods=["POST"])
+    router.add_api_route("/sessions/{session_id}/finish", admin(finish_session), methods=["POST"])
+    router.add_api_route("/sessions/{session_id}", admin(get_session), methods=["GET"])
+    router.add_api_route("/sessions/{session_id}/trajectory", admin(trajectory), methods=["GET"])
+    return router
