@@ -31,6 +31,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-version", default="default")
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument(
+        "--torch-threads", type=int, default=1, help="CPU threads for torch (0: torch's default)"
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -47,6 +50,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         incremental_streaming_output=args.incremental_streaming_output,
         weight_version=args.weight_version,
         served_model_name=args.served_model_name,
+        torch_threads=args.torch_threads or None,
     )
 
 

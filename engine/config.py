@@ -16,3 +16,6 @@ class EngineConfig:
     incremental_streaming_output: bool = False  # SGLang's --incremental-streaming-output
     weight_version: str = "default"
     served_model_name: str | None = None  # unset: the model path, as SGLang does
+    # CPU intra-op threads (process-wide). For the tiny model one thread is fastest: waking
+    # a thread pool for every small op costs more than the math (measured: 2x per token).
+    torch_threads: int | None = 1

@@ -5,7 +5,9 @@ Owns ``ScriptedPolicy`` (loaded from ``{"rules": [{"match", "reply", "delay_s"?}
 the text after the ``<|im_end|>`` that closes the last assistant turn (the whole prompt if
 there is none); the first rule whose regex ``re.search``-es the tail wins, else
 ``default``. The engine tokenizes the reply, appends the eos and teacher-forces those ids
-through the real model, so the wire output cannot be told from sampling.
+through the real model, so the wire output cannot be told from sampling. A prompt that
+ends inside an assistant turn (a generation resumed after a pause-abort: prompt + partial
+output) continues the same reply where it stopped.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 
 from proxy.errors import InvalidRequest
 
+_ASSISTANT_HEADER = "<|im_start|>assistant\n"
+_END = "<|im_end|>"
 _ASSISTANT_TURN = re.compile(r"<\|im_start\|>assistant\n.*?<\|im_end\|>", re.DOTALL)
 
 
@@ -31,6 +35,19 @@ class ScriptRule:
 class ScriptedReply:
     text: str
     delay_s: float
+
+
+def split_open_assistant(prompt_text: str) -> tuple[str, str | None]:
+    """Split a prompt that ends inside an assistant turn (a resumed, partly sampled answer).
+
+    Returns ``(context, partial)``: the prompt before the open ``<|im_start|>assistant\n``
+    header and the text already sampled after it; ``partial`` is None when the prompt ends
+    with a complete turn (the usual generation prompt counts as an empty partial answer).
+    """
+    start = prompt_text.rfind(_ASSISTANT_HEADER)
+    if start < 0 or _END in prompt_text[start:]:
+        return prompt_text, None
+    return prompt_text[:start], prompt_text[start + len(_ASSISTANT_HEADER) :]
 
 
 def prompt_tail(prompt_text: str) -> str:
@@ -61,7 +78,7 @@ class ScriptedPolicy:
             raise InvalidRequest(f"invalid script file {path}: {exc}") from exc
 
     def reply_for(self, prompt_text: str) -> ScriptedReply:
-        tail = prompt_tail(prompt_text)
+        tail = prompt_tail(split_open_assistant(prompt_text)[0])
         for rule in self.rules:
             if rule.pattern.search(tail):
                 return ScriptedReply(rule.reply, rule.delay_s)

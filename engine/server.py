@@ -49,7 +49,7 @@ from engine.protocol import (
     UpdateWeightVersionBody,
 )
 from engine.sampling import SamplingContractError, SamplingParams, parse_sampling_params
-from engine.script import ScriptedPolicy
+from engine.script import ScriptedPolicy, split_open_assistant
 from proxy.errors import BackendError, InvalidRequest, LegoError, Unsupported
 
 ZERO_COMPUTE_REPLY = "OK."
@@ -79,8 +79,13 @@ def _make_backend(config: EngineConfig, tokenizer: Any) -> Backend:
 
         ids = tokenizer.encode(ZERO_COMPUTE_REPLY, add_special_tokens=False)
         return ZeroComputeBackend(config.model_path, (*ids, int(tokenizer.eos_token_id)))
+    import torch
+
     from engine.model_runner import ModelRunner
     from engine.scheduler import Scheduler
+
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
 
     def decode(ids: Sequence[int]) -> str:
         return str(tokenizer.decode(list(ids), skip_special_tokens=False))
@@ -142,9 +147,11 @@ def _build_job(body: GenerateBody, state: EngineState) -> GenerationJob:
     forced: tuple[int, ...] | None = None
     delay = 0.0
     if state.script is not None:
-        reply = state.script.reply_for(state.decode(prompt, False))
+        text = state.decode(prompt, False)
+        reply = state.script.reply_for(text)
         ids = state.tokenizer.encode(reply.text, add_special_tokens=False)
         forced = (*(int(i) for i in ids), int(state.tokenizer.eos_token_id))
+        forced = forced[_already_sampled(state, forced, split_open_assistant(text)[1]) :]
         delay = reply.delay_s
     return GenerationJob(
         rid=body.rid or uuid.uuid4().hex,
@@ -155,6 +162,16 @@ def _build_job(body: GenerateBody, state: EngineState) -> GenerationJob:
         forced_ids=forced,
         forced_delay_s=delay,
     )
+
+
+def _already_sampled(state: EngineState, reply: tuple[int, ...], partial: str | None) -> int:
+    """How many reply ids a resumed prompt already ends with (0 for a fresh answer)."""
+    if not partial:
+        return 0
+    for count in range(len(reply), 0, -1):
+        if state.decode(reply[:count], False) == partial:
+            return count
+    return 0
 
 
 def _sse(payload: object) -> bytes:

@@ -186,7 +186,11 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
                     "prompt_tokens": len(t.prompt_ids),
                     "completion_tokens": len(t.output_ids),
                     "adapter": t.adapter,
+                    "requested_model": t.requested_model,
                     "error": t.error,
+                    "resumptions": t.resumptions,
+                    "malformed_tool_calls": t.malformed_tool_calls,
+                    "ignored_fields": list(t.ignored_fields),
                 }
                 for t in turns
             ],

@@ -39,6 +39,7 @@ BAD_CALL_REPLY = '<tool_call>\n{"name": "bash", "arguments": {oops}\n</tool_call
 AFTER_TOOL_REPLY = "<think>\nThe tool ran.\n</think>\n\nThe file is created."
 UNICODE_REPLY = "Grüße 👋 你好, done."
 SLOW_REPLY = " ".join(["streaming"] * 60)
+RESUMABLE_REPLY = " ".join(["resumed"] * 30)
 DEFAULT_REPLY = "Hello! I am a scripted policy."
 
 SCRIPT: dict[str, Any] = {
@@ -49,6 +50,7 @@ SCRIPT: dict[str, Any] = {
         {"match": "CALL_TOOL", "reply": TOOL_CALL_REPLY},
         {"match": "UNICODE", "reply": UNICODE_REPLY},
         {"match": "SLOW", "reply": SLOW_REPLY, "delay_s": 0.05},
+        {"match": "RESUMABLE", "reply": RESUMABLE_REPLY, "delay_s": 0.02},
     ],
     "default": DEFAULT_REPLY,
 }

@@ -23,6 +23,7 @@ from tests.proxy.conftest import (
     BAD_CALL_REPLY,
     DEFAULT_REPLY,
     READ_TOOL,
+    RESUMABLE_REPLY,
     SHELL_TOOL,
     UNICODE_REPLY,
     Proxy,
@@ -336,3 +337,56 @@ def test_disconnect_aborts_the_backend_request(proxy: Proxy, tap: BackendTap) ->
     assert turn["status"] == "cancelled"
     assert turn["id"] == rid
     assert trajectory["segments"] == []
+
+
+def test_pause_abort_is_resumed_transparently(
+    proxy: Proxy, tap: BackendTap, scripted_engine_url: str, tokenizer: Any
+) -> None:
+    """A weight-sync pause aborts the generation; the harness still gets one whole answer."""
+    session = proxy.new_session()
+    tap.reset()
+    text: list[str] = []
+
+    def content(line: str) -> str:
+        if not line.startswith("data:") or line == "data: [DONE]":
+            return ""
+        return "".join(c["delta"].get("content") or "" for c in json.loads(line[5:])["choices"])
+
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream(
+            "POST",
+            f"{session['openai_base_url']}/chat/completions",
+            json={
+                "model": "m",
+                "messages": [{"role": "user", "content": "RESUMABLE"}],
+                "stream": True,
+            },
+        ) as response,
+    ):
+        lines = response.iter_lines()
+        for line in lines:
+            text.append(content(line))
+            if "".join(text):
+                break
+        paused = httpx.post(f"{scripted_engine_url}/pause_generation", json={"mode": "abort"})
+        assert paused.status_code == 200
+        time.sleep(0.3)
+        assert httpx.post(f"{scripted_engine_url}/continue_generation", json={}).status_code == 200
+        text.extend(content(line) for line in lines)
+    assert "".join(text) == RESUMABLE_REPLY
+
+    first, second = tap.generates
+    partial = first.final["output_ids"]
+    assert first.final["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 0 < len(partial) < len(scripted_ids(tokenizer, RESUMABLE_REPLY))
+    assert second.body["input_ids"] == first.body["input_ids"] + partial
+    budget = first.body["sampling_params"]["max_new_tokens"]
+    assert second.body["sampling_params"]["max_new_tokens"] == budget - len(partial)
+
+    trajectory = proxy.trajectory(session["id"])
+    (turn,) = trajectory["turns"]
+    assert turn["status"] == "completed"
+    assert turn["resumptions"] == 1
+    (segment,) = trajectory["segments"]
+    assert segment["tokens"] == first.body["input_ids"] + scripted_ids(tokenizer, RESUMABLE_REPLY)
