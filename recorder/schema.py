@@ -96,6 +96,11 @@ turns = Table(
     Column("malformed_tool_calls", Integer, nullable=False),
     Column("resumptions", Integer, nullable=False),
     Column("error", Text, nullable=True),
+    # History ledger: the turn this one continues and how (see proxy.ledger).
+    Column("parent_turn_id", Text, nullable=True),
+    Column("classification", Text, nullable=False, server_default="root"),
+    Column("fork_reason", Text, nullable=True),
+    Column("reused_prefix_len", Integer, nullable=False, server_default="0"),
     Column("received_at", Double, nullable=False),
     Column("first_token_s", Double, nullable=True),
     Column("finished_s", Double, nullable=True),

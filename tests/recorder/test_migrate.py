@@ -10,6 +10,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
 
@@ -18,6 +19,9 @@ from recorder.database import create_engine
 from recorder.migrate import alembic_config, upgrade_database
 from recorder.schema import metadata
 from tests.support.postgres import PostgresServer
+
+# The newest migration shipped in the package; every upgrade must land there.
+HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 async def current_revision(url: str) -> str | None:
@@ -53,14 +57,14 @@ async def table_names(url: str) -> set[str]:
 
 
 async def test_migrated_database_matches_schema_module(database_url: str) -> None:
-    assert await current_revision(database_url) == "0001"
+    assert await current_revision(database_url) == HEAD
     assert await schema_differences(database_url) == []
 
 
 async def test_upgrade_twice_is_a_no_op(database_url: str) -> None:
     await upgrade_database(database_url)
     await upgrade_database(database_url)
-    assert await current_revision(database_url) == "0001"
+    assert await current_revision(database_url) == HEAD
     assert {"runs", "sessions", "turns"} <= await table_names(database_url)
 
 
@@ -78,14 +82,14 @@ async def test_upgrade_brings_an_older_database_to_head(database_url: str) -> No
 
     await upgrade_database(database_url)
 
-    assert await current_revision(database_url) == "0001"
+    assert await current_revision(database_url) == HEAD
     assert await schema_differences(database_url) == []
 
 
 async def test_concurrent_upgrades_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'nested' / 'dir' / 'lego.sqlite3'}"
     await asyncio.gather(*(upgrade_database(url) for _ in range(4)))
-    assert await current_revision(url) == "0001"
+    assert await current_revision(url) == HEAD
     assert await schema_differences(url) == []
 
 
@@ -94,7 +98,7 @@ async def test_concurrent_upgrades_on_postgres(postgres_server: PostgresServer) 
     url = await postgres_server.create_database()
     try:
         await asyncio.gather(*(upgrade_database(url) for _ in range(4)))
-        assert await current_revision(url) == "0001"
+        assert await current_revision(url) == HEAD
         assert await schema_differences(url) == []
     finally:
         await postgres_server.drop_database(url)

@@ -1,0 +1,295 @@
+"""The history ledger: per session, which tokens a request's prompt must start with.
+
+Owns ``LedgerBook``, one per app (no globals), holding a ``SessionTree`` per session id.
+
+Contract:
+- ``plan(session_id, request) -> PromptPlan``: synchronous, no IO, so atomic under
+  asyncio. For an ``extend``/``realign`` the prompt is the matched turn's prompt ids +
+  sampled ids (stop token included), then only the new messages rendered incrementally;
+  its cost grows with the new messages, plus one pass over the request's messages to
+  fingerprint them. ``root`` and ``fork`` render the whole conversation (the one full
+  render on the hot path; forks are rare) and report the longest token prefix shared with
+  any committed turn as ``reused_prefix_len`` and that turn as the parent.
+- A retry (a request equal to one already answered) gets that turn's prompt again.
+- ``keep_reasoning=False`` mimics templates that drop the reasoning of answers before the
+  last user query: a new user query after a turn whose tokens hold such reasoning forks
+  (``reasoning_dropped``) with a whole render, so the prompt is what the template gives.
+- ``commit(...)`` adds a completed turn; nothing else mutates a session, so concurrent
+  plans of one session (sub-agents, side requests) need no lock.
+- ``load(session_id, turns)`` rebuilds a session from recorded turns (completed ones
+  become nodes, in seq order), replacing what was held; plans afterwards are the same as
+  before the restart.
+- Template and rendering errors raise ``InvalidRequest``; ``self_check`` raises
+  ``LegoError`` when the served template cannot be rendered incrementally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from transformers import PreTrainedTokenizerBase
+
+from proxy.canonical import ChatRequest, Message
+from proxy.ledger.classify import fork_reason
+from proxy.ledger.codec import decode_message, decode_request
+from proxy.ledger.fingerprint import FREE_SEED, Fingerprinter, Fingerprints, chain, system_text
+from proxy.ledger.incremental import IncrementalRenderer
+from proxy.ledger.plan import Classification, ForkReason, PromptPlan
+from proxy.ledger.tree import SessionTree, Turn
+from proxy.render import Renderer
+from recorder.records import TurnRecord, TurnStatus
+
+_CONTINUATIONS = (Classification.EXTEND, Classification.REALIGN)
+
+
+class LedgerBook:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, keep_reasoning: bool = True) -> None:
+        self._renderer = Renderer(tokenizer)
+        self._incremental = IncrementalRenderer(tokenizer)
+        self._fingerprinter = Fingerprinter()
+        self._keep_reasoning = keep_reasoning
+        self._sessions: dict[str, SessionTree] = {}
+
+    def self_check(self) -> None:
+        self._incremental.self_check()
+
+    def has(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    # -- planning ---------------------------------------------------------------
+    def plan(self, session_id: str, request: ChatRequest) -> PromptPlan:
+        fingerprints = self._fingerprinter.of(request)
+        tree = self._sessions.get(session_id)
+        if tree is None or not tree.nodes:
+            prompt = tuple(self._renderer.render(request))
+            return PromptPlan(
+                prompt, Classification.ROOT, None, None, 0, len(request.messages), fingerprints
+            )
+        match = tree.match(request.messages, fingerprints)
+        fingerprints = replace(fingerprints, prefixes=match.prefixes)
+        retried = self._retried(tree, request, fingerprints)
+        if retried is not None:
+            return retried
+        turn = match.turn
+        new = request.messages[match.covered :]
+        if turn is not None and all(m.role != "assistant" for m in new):
+            if (
+                not self._keep_reasoning
+                and turn.carries_reasoning
+                and any(m.role == "user" for m in new)
+            ):
+                prompt = tuple(self._renderer.render(request))
+                head, rest = tree.token_parts(turn)
+                reused = _shared(prompt, head + rest if rest else head)
+                return PromptPlan(
+                    prompt,
+                    Classification.FORK,
+                    ForkReason.REASONING_DROPPED,
+                    turn.turn_id,
+                    reused,
+                    len(request.messages),
+                    fingerprints,
+                )
+            return self._continue(tree, turn, new, request, fingerprints)
+        reason = fork_reason(tree, request, fingerprints)
+        prompt = tuple(self._renderer.render(request))
+        parent, reused = tree.common_prefix(prompt)
+        return PromptPlan(
+            prompt,
+            Classification.FORK,
+            reason,
+            parent.turn_id if parent is not None else None,
+            reused,
+            len(request.messages),
+            fingerprints,
+        )
+
+    def _continue(
+        self,
+        tree: SessionTree,
+        turn: Turn,
+        new: Sequence[Message],
+        request: ChatRequest,
+        fingerprints: Fingerprints,
+    ) -> PromptPlan:
+        head, rest = tree.token_parts(turn)
+        closing = () if turn.ended_with_eos else self._incremental.closing_ids
+        suffix = self._incremental.suffix_ids(new, request.enable_thinking)
+        # One copy of the long head per turn: the short pieces are joined first.
+        prompt = head + (rest + closing + suffix)
+        return PromptPlan(
+            prompt,
+            Classification.EXTEND if turn.ended_with_eos else Classification.REALIGN,
+            None,
+            turn.turn_id,
+            turn.length,
+            len(new),
+            fingerprints,
+        )
+
+    def _retried(
+        self, tree: SessionTree, request: ChatRequest, fingerprints: Fingerprints
+    ) -> PromptPlan | None:
+        for turn in tree.by_request.get(fingerprints.request, ()):
+            if turn.enable_thinking != request.enable_thinking:
+                continue
+            head, rest = tree.token_parts(turn)
+            prompt = (
+                head[: turn.prompt_len]
+                if len(head) >= turn.prompt_len
+                else ((head + rest)[: turn.prompt_len])
+            )
+            return PromptPlan(
+                prompt,
+                turn.classification,
+                turn.fork_reason,
+                turn.parent_id,
+                turn.base_len,
+                turn.new_message_count,
+                fingerprints,
+            )
+        return None
+
+    # -- committing -------------------------------------------------------------
+    def commit(
+        self,
+        session_id: str,
+        plan: PromptPlan,
+        request: ChatRequest,
+        output_ids: Sequence[int],
+        message: Message,
+        turn_id: str,
+    ) -> None:
+        """Add a completed turn; ``plan`` must be what ``plan`` returned for ``request``."""
+        tree = self._sessions.setdefault(session_id, SessionTree())
+        self._add(
+            tree,
+            turn_id=turn_id,
+            request=request,
+            fingerprints=plan.fingerprints,
+            prompt_ids=plan.prompt_ids,
+            output_ids=tuple(output_ids),
+            message=message,
+            classification=plan.classification,
+            reason=plan.fork_reason,
+            parent_id=plan.parent_turn_id,
+            reused=plan.reused_prefix_len,
+            new_message_count=plan.new_message_count,
+        )
+
+    def load(self, session_id: str, turns: Sequence[TurnRecord]) -> None:
+        tree = SessionTree()
+        for record in sorted(turns, key=lambda r: r.seq):
+            if record.status is not TurnStatus.COMPLETED:
+                continue
+            request = decode_request(record.request_messages)
+            fingerprints = self._fingerprinter.of(request)
+            match = tree.match(request.messages, fingerprints)
+            fingerprints = replace(fingerprints, prefixes=match.prefixes)
+            classification = _classification(record.classification)
+            parent = tree.nodes.get(record.parent_turn_id or "")
+            reused = record.reused_prefix_len if parent is not None else 0
+            if parent is not None and reused:
+                shared = tree.tokens(parent)[:reused]
+                if len(shared) < reused or record.prompt_ids[:reused] != shared:
+                    reused = 0  # an inconsistent record: store its tokens whole
+            new_count = len(request.messages)
+            if classification in _CONTINUATIONS and match.turn is not None:
+                new_count = len(request.messages) - match.covered
+            self._add(
+                tree,
+                turn_id=record.id,
+                request=request,
+                fingerprints=fingerprints,
+                prompt_ids=record.prompt_ids,
+                output_ids=record.output_ids,
+                message=decode_message(record.response_message),
+                classification=classification,
+                reason=_reason(record.fork_reason),
+                parent_id=parent.turn_id if parent is not None else None,
+                reused=reused,
+                new_message_count=new_count,
+            )
+        self._sessions[session_id] = tree
+
+    def _add(
+        self,
+        tree: SessionTree,
+        *,
+        turn_id: str,
+        request: ChatRequest,
+        fingerprints: Fingerprints,
+        prompt_ids: tuple[int, ...],
+        output_ids: tuple[int, ...],
+        message: Message,
+        classification: Classification,
+        reason: ForkReason | None,
+        parent_id: str | None,
+        reused: int,
+        new_message_count: int,
+    ) -> None:
+        parent = tree.nodes.get(parent_id) if parent_id is not None else None
+        base_len = reused if parent is not None else 0
+        answer = self._fingerprinter.message(message)
+        free_before = fingerprints.free[-1] if fingerprints.free else FREE_SEED
+        messages = request.messages
+        if classification in _CONTINUATIONS and parent is not None:
+            new = messages[len(messages) - new_message_count :] if new_message_count else ()
+            inherited = parent.carries_reasoning and all(m.role != "user" for m in new)
+        else:
+            last_query = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+            inherited = any(
+                m.role == "assistant" and bool((m.reasoning or "").strip())
+                for m in messages[last_query + 1 :]
+            )
+        turn = Turn(
+            turn_id=turn_id,
+            parent_id=parent.turn_id if parent is not None else None,
+            base_len=base_len,
+            tail=(prompt_ids + output_ids)[base_len:]
+            if base_len > len(prompt_ids) or not base_len
+            else prompt_ids[base_len:] + output_ids,
+            length=len(prompt_ids) + len(output_ids),
+            prompt_len=len(prompt_ids),
+            classification=classification,
+            fork_reason=reason,
+            context=(system_text(request), fingerprints.seed),
+            enable_thinking=request.enable_thinking,
+            message_count=len(messages),
+            new_message_count=new_message_count,
+            message=message,
+            ended_with_eos=bool(output_ids) and output_ids[-1] == self._incremental.eos_id,
+            carries_reasoning=inherited or bool((message.reasoning or "").strip()),
+            request_fp=fingerprints.request,
+            conversation_fp=chain(fingerprints.request, answer),
+            free_conversation_fp=chain(free_before, answer),
+        )
+        tree.add(turn, prompt_ids, output_ids, fingerprints)
+
+
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    limit = min(len(a), len(b))
+    index = 0
+    while index < limit and a[index] == b[index]:
+        index += 1
+    return index
+
+
+def _classification(value: str) -> Classification:
+    try:
+        return Classification(value)
+    except ValueError:
+        return Classification.FORK
+
+
+def _reason(value: str | None) -> ForkReason | None:
+    if value is None:
+        return None
+    try:
+        return ForkReason(value)
+    except ValueError:
+        return ForkReason.UNKNOWN
