@@ -24,6 +24,7 @@ from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
 from proxy.backend import ExpertShape, SGLangBackend
 from proxy.embedded import EmbeddedEngine
 from proxy.errors import LegoError, NotFound
+from proxy.ledger import LedgerBook
 from proxy.metrics import Metrics
 from proxy.pipeline import Pipeline
 from proxy.render import load_tokenizer
@@ -79,10 +80,14 @@ def create_app(settings: Settings) -> FastAPI:
             writer = TurnWriter(store)
             writer.start()
             sessions = SessionCache(store)
+            ledger = LedgerBook(tokenizer, keep_reasoning=settings.keep_reasoning)
+            ledger.self_check()  # refuse a template the ledger cannot render incrementally
             pipeline = Pipeline(
                 settings=settings,
                 tokenizer=tokenizer,
+                ledger=ledger,
                 backend=SGLangBackend(client, backend_url, expert_shape(model_dir)),
+                store=store,
                 writer=writer,
                 sessions=sessions,
                 metrics=metrics,

@@ -175,9 +175,9 @@ def _print_trajectory(trajectory: dict[str, Any]) -> None:
     )
     for turn in trajectory["turns"]:
         print(
-            f"  turn {turn['seq']}: {turn['status']:<9} prompt={turn['prompt_tokens']:>4} "
-            f"sampled={turn['completion_tokens']:>3} finish={turn['finish_reason']} "
-            f"weights={turn['weight_version']}"
+            f"  turn {turn['seq']}: {turn['status']:<9} {turn['classification']:<7} "
+            f"prompt={turn['prompt_tokens']:>4} sampled={turn['completion_tokens']:>3} "
+            f"backend finish={turn['finish_reason']} weights={turn['weight_version']}"
         )
     for index, segment in enumerate(trajectory["segments"]):
         mask = segment["loss_mask"]

@@ -61,6 +61,12 @@ class Metrics:
             ["cause"],
             registry=r,
         )
+        self.ledger = Counter(
+            "lego_ledger_turns",
+            "Turns by history-ledger classification and fork reason.",
+            ["classification", "reason"],
+            registry=r,
+        )
         self.ignored_fields = Counter(
             "lego_ignored_request_fields",
             "Request fields accepted but not used.",

@@ -5,10 +5,12 @@ generation with transparent resumption after a pause-abort, incremental parsing 
 sampled ids into output events, and building the ``TurnRecord`` handed to the recorder.
 
 Contract:
-- ``prepare`` validates and renders; it raises before anything is sent or recorded, so bad
-  input never leaves a half-written turn.
+- ``prepare`` plans the prompt ids with the history ledger (an exact continuation of an
+  earlier turn, or a classified fork) and checks budgets; it raises before anything is
+  sent or recorded, so bad input never leaves a half-written turn.
 - ``run`` yields ``OutputEvent``s as the backend produces tokens and ends with one
-  ``TurnFinished``. Every backend generation it started is recorded exactly once, when the
+  ``TurnFinished``; a completed turn is committed to the ledger before that last event,
+  so the harness's next request can extend it. Every backend generation it started is recorded exactly once, when the
   generator ends: ``completed`` when it ran to the end, ``failed`` when the backend or the
   parser failed (the error is re-raised for the adapter), ``cancelled`` when the consumer
   went away (the backend request is aborted by ``rid``).
@@ -32,21 +34,24 @@ from proxy.backend import Finish, GenerateCall, GenerationDelta, GenerationEnd, 
 from proxy.canonical import (
     ChatRequest,
     FinishReason,
+    Message,
     OutputEvent,
     ReasoningDelta,
     TextDelta,
+    ToolCall,
     ToolCallDelta,
     ToolChoiceMode,
     TurnFinished,
     Usage,
 )
 from proxy.errors import BackendError, ContextLengthExceeded, LegoError
+from proxy.ledger import Classification, LedgerBook, PromptPlan
 from proxy.metrics import Metrics
 from proxy.parsing.parser import OutputParser
-from proxy.render import Renderer
 from proxy.sessions import SessionCache
 from proxy.settings import Settings
 from recorder.records import RoutedExperts, SessionInfo, TurnRecord, TurnStatus, TurnTimings
+from recorder.store import Store
 from recorder.writer import TurnWriter
 
 # Keys the orchestrator may pin per session, in canonical names, and their SGLang names.
@@ -65,6 +70,7 @@ class PreparedTurn:
     turn_id: str
     session: SessionInfo
     request: ChatRequest
+    plan: PromptPlan
     prompt_ids: tuple[int, ...]
     sampling_params: dict[str, object]
     starts_in_reasoning: bool
@@ -88,6 +94,14 @@ class _Message:
         elif isinstance(event, ToolCallDelta):
             call = event.call
             self.tool_calls.append({"id": call.id, "name": call.name, "arguments": call.arguments})
+
+    def canonical(self) -> Message:
+        return Message(
+            role="assistant",
+            content="".join(self.content),
+            reasoning="".join(self.reasoning) if self.reasoning else None,
+            tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in self.tool_calls),
+        )
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -118,24 +132,32 @@ class Pipeline:
         *,
         settings: Settings,
         tokenizer: PreTrainedTokenizerBase,
+        ledger: LedgerBook,
         backend: SGLangBackend,
+        store: Store,
         writer: TurnWriter,
         sessions: SessionCache,
         metrics: Metrics,
     ) -> None:
         self._settings = settings
         self._tokenizer = tokenizer
-        self._renderer = Renderer(tokenizer)
+        self._ledger = ledger
         self._backend = backend
+        self._store = store
         self._writer = writer
         self._sessions = sessions
         self._metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
 
     # -- before anything is sent ------------------------------------------------
-    def prepare(self, session: SessionInfo, request: ChatRequest) -> PreparedTurn:
+    async def prepare(self, session: SessionInfo, request: ChatRequest) -> PreparedTurn:
+        """Plan the prompt ids with the ledger; nothing is sent or recorded yet."""
         started = time.perf_counter()
-        prompt = tuple(self._renderer.render(request))
+        if not self._ledger.has(session.id) and session.turn_count > 0:
+            # A restart, or a session created by another replica: rebuild its turn tree.
+            self._ledger.load(session.id, await self._store.list_turns(session.id))
+        plan = self._ledger.plan(session.id, request)
+        prompt = plan.prompt_ids
         spec = session.spec
         prompt_budget = self._settings.context_length - 1
         if spec.max_prompt_tokens is not None:
@@ -152,6 +174,7 @@ class Pipeline:
             turn_id=uuid.uuid4().hex,
             session=session,
             request=request,
+            plan=plan,
             prompt_ids=prompt,
             sampling_params=sampling,
             starts_in_reasoning=tail.rstrip().endswith("<think>"),
@@ -199,6 +222,14 @@ class Pipeline:
                 matched_stop=matched,
             )
             status = TurnStatus.COMPLETED
+            self._ledger.commit(
+                turn.session.id,
+                turn.plan,
+                request,
+                progress.output_ids,
+                progress.message.canonical(),
+                turn.turn_id,
+            )
             yield finished
         except (asyncio.CancelledError, GeneratorExit):
             status = TurnStatus.CANCELLED
@@ -232,7 +263,9 @@ class Pipeline:
                 if progress.resumptions == 0
                 else f"{turn.turn_id}-r{progress.resumptions}",
                 routing_key=turn.session.id,
-                routed_experts_start_len=0 if self._settings.return_routed_experts else None,
+                routed_experts_start_len=_experts_start(turn.plan)
+                if self._settings.return_routed_experts
+                else None,
             )
             began = time.perf_counter()
             try:
@@ -292,6 +325,10 @@ class Pipeline:
             malformed_tool_calls=parser.malformed_tool_calls,
             resumptions=progress.resumptions,
             error=error,
+            parent_turn_id=turn.plan.parent_turn_id,
+            classification=turn.plan.classification.value,
+            fork_reason=turn.plan.fork_reason.value if turn.plan.fork_reason else None,
+            reused_prefix_len=turn.plan.reused_prefix_len,
             timings=TurnTimings(
                 received_at=turn.received_at,
                 first_token_s=progress.first_token_s,
@@ -301,6 +338,9 @@ class Pipeline:
         )
         self._writer.submit(record)
         adapter = turn.request.adapter
+        self._metrics.ledger.labels(
+            classification=record.classification, reason=record.fork_reason or "none"
+        ).inc()
         self._metrics.turns.labels(adapter=adapter, status=status.value).inc()
         self._metrics.turn_duration.labels(adapter=adapter).observe(now)
         if progress.first_token_s is not None:
@@ -314,6 +354,17 @@ class Pipeline:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _experts_start(plan: PromptPlan) -> int:
+    """First row to fetch: earlier rows of a continuation are held by the turns it extends.
+
+    The parent's last sampled token was never fed through the model in the parent's turn,
+    so its row comes with this one. A fork starts a new training sequence: all rows.
+    """
+    if plan.classification in (Classification.EXTEND, Classification.REALIGN):
+        return max(0, plan.reused_prefix_len - 1)
+    return 0
 
 
 def _finish_reason(finish: Finish, has_tool_calls: bool) -> FinishReason:

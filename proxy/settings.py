@@ -6,6 +6,7 @@ must not be the development default.
 
 from __future__ import annotations
 
+import hashlib
 from enum import StrEnum
 from pathlib import Path
 
@@ -45,7 +46,12 @@ class Settings(BaseSettings):
     return_routed_experts: bool = True
     backend_timeout_s: float = 1800.0
     max_resumptions: int = 8  # transparent re-sends after a backend pause-abort
+    # Earlier turns' reasoning stays in the context exactly as sampled (one training
+    # sequence per branch). False mimics templates that drop it at each new user query:
+    # the branch then splits per turn; the recorded prompt ids are what the model saw.
+    keep_reasoning: bool = True
     engine_args: str = ""  # extra CLI args for the embedded engine (e.g. "--script f.json")
+    signing_secret: str | None = None  # unset: derived from the admin key
 
     @model_validator(mode="after")
     def _check_safe(self) -> Settings:
@@ -59,6 +65,14 @@ class Settings(BaseSettings):
     @property
     def effective_admin_key(self) -> str:
         return self.admin_key or DEV_ADMIN_KEY
+
+    @property
+    def effective_signing_secret(self) -> bytes:
+        """HMAC key for reasoning signatures; replicas sharing an admin key agree on it."""
+        if self.signing_secret:
+            return self.signing_secret.encode()
+        label = b"lego-proxy reasoning signatures\0"
+        return hashlib.sha256(label + self.effective_admin_key.encode()).digest()
 
     @property
     def effective_database_url(self) -> str:

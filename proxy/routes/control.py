@@ -189,6 +189,10 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
                     "requested_model": t.requested_model,
                     "error": t.error,
                     "resumptions": t.resumptions,
+                    "classification": t.classification,
+                    "fork_reason": t.fork_reason,
+                    "parent_turn_id": t.parent_turn_id,
+                    "reused_prefix_len": t.reused_prefix_len,
                     "malformed_tool_calls": t.malformed_tool_calls,
                     "ignored_fields": list(t.ignored_fields),
                 }

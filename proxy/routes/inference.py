@@ -66,7 +66,7 @@ async def handle_turn(
         chat = adapter.parse_request(body)
         for name in chat.ignored_fields:
             metrics.ignored_fields.labels(adapter=adapter.name, field=name).inc()
-        prepared = state.pipeline.prepare(session, chat)
+        prepared = await state.pipeline.prepare(session, chat)
         events = state.pipeline.run(prepared)
         if chat.stream:
             try:

@@ -141,25 +141,69 @@ def test_streamed_tool_call_with_reasoning(proxy: Proxy, tap: BackendTap) -> Non
 
 
 def test_multi_turn_tool_loop_extends_one_segment(proxy: Proxy, tap: BackendTap) -> None:
+    """Invariant 3 through the whole stack: turn 2's prompt starts with turn 1's exact ids.
+
+    The harness re-serializes the assistant message (compact JSON arguments, reasoning
+    dropped); the ledger must still continue from the sampled tokens.
+    """
     session = proxy.new_session()
     client = client_for(session)
+    tap.reset()
     messages: list[Any] = [{"role": "user", "content": "CALL_TOOL and then report"}]
     first = client.chat.completions.create(model="m", messages=messages, tools=[SHELL_TOOL])
     call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
-    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    arguments = json.dumps(json.loads(call.function.arguments), separators=(",", ":"))
+    messages.append(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name, "arguments": arguments}}
+            ],
+        }
+    )  # fmt: skip
     messages.append({"role": "tool", "tool_call_id": call.id, "content": "done\n"})
     second = client.chat.completions.create(model="m", messages=messages, tools=[SHELL_TOOL])
     assert second.choices[0].message.content == AFTER_TOOL_REPLY.split("\n\n", 1)[1]
     assert second.choices[0].finish_reason == "stop"
 
+    turn1, turn2 = tap.generates
+    sampled1 = turn1.final["output_ids"]
+    assert turn2.body["input_ids"][: len(turn1.body["input_ids"]) + len(sampled1)] == (
+        turn1.body["input_ids"] + sampled1
+    )
+    # Only the rows the earlier turn could not have: from its last sampled token on.
+    assert (
+        turn2.body["routed_experts_start_len"] == len(turn1.body["input_ids"]) + len(sampled1) - 1
+    )
+
     trajectory = proxy.trajectory(session["id"])
     assert trajectory["turn_count"] == 2
+    assert [t["classification"] for t in trajectory["turns"]] == ["root", "extend"]
+    assert trajectory["turns"][1]["parent_turn_id"] == trajectory["turns"][0]["id"]
+    (segment,) = trajectory["segments"]
     total_sampled = first.usage.completion_tokens + second.usage.completion_tokens  # type: ignore[union-attr]
-    assert sum(sum(s["loss_mask"]) for s in trajectory["segments"]) == total_sampled
-    for segment in trajectory["segments"]:
-        n = len(segment["tokens"])
-        assert len(segment["loss_mask"]) == len(segment["logprobs"]) == n
-        assert len(segment["routed_experts"]) == n
+    assert sum(segment["loss_mask"]) == total_sampled
+    assert segment["tokens"] == turn2.body["input_ids"] + turn2.final["output_ids"]
+    n = len(segment["tokens"])
+    assert len(segment["loss_mask"]) == len(segment["logprobs"]) == n
+    routed = np.array(segment["routed_experts"], dtype=np.int32)
+    assert routed.shape[0] == n
+    layers, top_k = routed.shape[1:]
+    rows1 = np.frombuffer(base64.b64decode(turn1.final["meta_info"]["routed_experts"]), "<i4")
+    rows2 = np.frombuffer(base64.b64decode(turn2.final["meta_info"]["routed_experts"]), "<i4")
+    rows1 = rows1.reshape(-1, layers, top_k)
+    rows2 = rows2.reshape(-1, layers, top_k)
+    start = turn2.body["routed_experts_start_len"]
+    assert np.array_equal(routed[: len(rows1)], rows1)
+    assert np.array_equal(routed[start : start + len(rows2)], rows2)
+    assert weight_versions_per_turn(segment) == 2
+
+
+def weight_versions_per_turn(segment: dict[str, Any]) -> int:
+    assert len(segment["weight_versions"]) == len(segment["turn_ids"])
+    return len(segment["turn_ids"])
 
 
 def test_parallel_tool_calls_and_unicode(proxy: Proxy) -> None:
