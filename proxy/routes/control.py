@@ -199,6 +199,19 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
                 for t in turns
             ],
             "segments": [segment_to_json(s) for s in build_segments(turns)],
+            # Departures from token-exact continuation, so none of them goes unseen.
+            "events": [
+                {
+                    "turn_id": t.id,
+                    "seq": t.seq,
+                    "classification": t.classification,
+                    "fork_reason": t.fork_reason,
+                    "parent_turn_id": t.parent_turn_id,
+                    "reused_prefix_len": t.reused_prefix_len,
+                }
+                for t in turns
+                if t.classification in ("fork", "realign")
+            ],
         }
 
     router.add_api_route("/runs", admin(create_run), methods=["POST"])
