@@ -11,22 +11,40 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import Any
+
+from pydantic import ValidationError
 
 from proxy.errors import LegoError
+from proxy.settings import Settings
+
+
+def _load_settings(**overrides: Any) -> Settings:
+    """The validated settings, or exit 2 with one readable line (a bad value is the
+    operator's to fix; a traceback would bury it)."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False):
+            message = str(error["msg"]).removeprefix("Value error, ")
+            field = ".".join(str(part) for part in error["loc"])
+            problems.append(f"LEGO_{field.upper()}: {message}" if field else message)
+        print(f"lego-proxy: invalid settings: {'; '.join(problems)}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from proxy.app import create_app
-    from proxy.settings import Settings
 
-    overrides: dict[str, object] = {}
+    overrides: dict[str, Any] = {}
     if args.host is not None:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
-    settings = Settings(**overrides)  # type: ignore[arg-type]  # validated by pydantic
+    settings = _load_settings(**overrides)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -43,12 +61,15 @@ def _engine(args: argparse.Namespace) -> None:
 
 
 def _db_upgrade(args: argparse.Namespace) -> None:
-    from proxy.settings import Settings
+    from sqlalchemy.engine import make_url
+
     from recorder.migrate import upgrade_database
 
-    settings = Settings()
-    asyncio.run(upgrade_database(settings.effective_database_url))
-    print(f"database at {settings.effective_database_url} is at the current schema")
+    settings = _load_settings()
+    url = settings.effective_database_url
+    asyncio.run(upgrade_database(url))
+    shown = make_url(url).render_as_string(hide_password=True)
+    print(f"database at {shown} is at the current schema")
 
 
 def _demo(args: argparse.Namespace) -> None:

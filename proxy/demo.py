@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from proxy.app import create_app
-from proxy.settings import Settings
+from proxy.settings import Settings, ToolParser
 from proxy.threaded import free_port, serve
 
 SHELL_TOOL: Any = {
@@ -58,9 +58,20 @@ def run_demo(*, keep: bool = False) -> None:
     workspace.mkdir()
     script = root / "policy.json"
     script.write_text(json.dumps(SCRIPT, indent=2))
+    # Every setting that could point elsewhere is pinned: the demo runs on the embedded
+    # default in its own directory even when LEGO_* variables are exported for a real
+    # deployment (it must never write into that deployment's database).
     settings = Settings(
-        data_dir=root / "data",
+        env="development",
+        host="127.0.0.1",
         port=free_port(),
+        public_url=None,
+        data_dir=root / "data",
+        database_url=None,
+        backend_url=None,
+        admin_key=None,
+        tokenizer_path=None,
+        tool_parser=ToolParser.QWEN3,
         engine_args=f"--script {script}",
     )
     try:

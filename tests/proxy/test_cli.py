@@ -1,0 +1,251 @@
+"""The ``lego-proxy`` console script, run as a real subprocess the way operators run it.
+
+``serve`` on the embedded default (tiny model, SQLite file and the local engine as a child
+process, all under a temporary data directory), ``db upgrade`` on SQLite and Postgres,
+``demo``, and the refusal to start in production without an admin key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from sqlalchemy.engine import make_url
+
+from proxy.settings import DEV_ADMIN_KEY
+from proxy.threaded import free_port
+from recorder.records import TurnRecord, TurnStatus
+from recorder.store import Store
+from tests.support.postgres import PostgresServer
+
+
+@pytest.fixture(scope="module")
+def lego_proxy() -> str:
+    path = shutil.which("lego-proxy")
+    assert path is not None, "the lego-proxy console script is not installed"
+    return path
+
+
+def clean_env(**lego: str) -> dict[str, str]:
+    """The current environment without any LEGO_ variable, plus ``lego``."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("LEGO_")}
+    env.update(lego)
+    return env
+
+
+def children_of(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'.
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the process exited while we looked
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def is_running(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def served(lego_proxy: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    env = clean_env(LEGO_DATA_DIR=str(tmp_path / "data"), LEGO_PORT=str(port))
+    log = (tmp_path / "serve.log").open("wb")
+    process = subprocess.Popen(
+        [lego_proxy, "serve", "--log-level", "info"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, "lego-proxy serve did not become healthy"
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass  # not listening yet
+            time.sleep(0.2)
+        yield process, url
+    finally:
+        if process.poll() is None:
+            # The test failed before its own SIGTERM: take down the whole process group.
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+def recorded_turns(database: Path, session_id: str) -> list[TurnRecord]:
+    async def read() -> list[TurnRecord]:
+        store = await Store.open(f"sqlite+aiosqlite:///{database}")
+        try:
+            return await store.list_turns(session_id)
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_serve_on_the_embedded_default(
+    served: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+) -> None:
+    process, url = served
+    engines = children_of(process.pid)
+    assert len(engines) == 1, "the embedded engine runs as one child process"
+    admin = httpx.Client(
+        base_url=f"{url}/api/v1", headers={"authorization": f"Bearer {DEV_ADMIN_KEY}"}
+    )
+    with admin:
+        run = admin.post("/runs", json={"name": "cli"}).raise_for_status().json()
+        session = (
+            admin.post(f"/runs/{run['id']}/sessions", json={"task_id": "t", "group_id": "g"})
+            .raise_for_status()
+            .json()
+        )
+    client = openai.OpenAI(base_url=session["openai_base_url"], api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8, seed=7
+    )
+    # The untrained tiny model samples noise, so only the budget can end the answer.
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == 8
+
+    process.send_signal(signal.SIGTERM)
+    returncode = process.wait(timeout=30)
+    log = (tmp_path / "serve.log").read_text()
+    # uvicorn shuts down gracefully, then re-raises the signal so supervisors see the cause.
+    assert returncode in (0, -signal.SIGTERM), log
+    assert "Application shutdown complete" in log, log
+    assert "Traceback" not in log
+    deadline = time.monotonic() + 5
+    while any(is_running(pid) for pid in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(is_running(pid) for pid in engines), "the engine outlived the proxy"
+
+    database = tmp_path / "data" / "lego.sqlite3"
+    assert database.is_file()
+    (turn,) = recorded_turns(database, session["id"])
+    assert turn.status is TurnStatus.COMPLETED
+    assert len(turn.output_ids) == 8
+    assert len(turn.prompt_ids) == reply.usage.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_db_upgrade_is_idempotent(
+    lego_proxy: str, backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    server: PostgresServer | None = None
+    if backend == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path / 'fresh' / 'lego.sqlite3'}"
+    else:
+        server = request.getfixturevalue("postgres_server")
+        url = await server.create_database()
+        parsed = make_url(url)
+        if parsed.password is None:
+            # Trust auth ignores it; it is here to prove the command never prints it.
+            url = parsed.set(password="never-print-me").render_as_string(hide_password=False)
+    password = make_url(url).password
+    try:
+        for _ in range(2):
+            upgrade = await asyncio.create_subprocess_exec(
+                lego_proxy,
+                "db",
+                "upgrade",
+                env=clean_env(LEGO_DATABASE_URL=url),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            raw_out, raw_err = await asyncio.wait_for(upgrade.communicate(), 60)
+            out, err = raw_out.decode(), raw_err.decode()
+            assert upgrade.returncode == 0, err
+            assert "current schema" in out
+            if password:
+                assert password not in out + err
+        store = await Store.open(url)
+        try:
+            run = await store.create_run("after-upgrade")
+            assert (await store.get_run(run.id)).name == "after-upgrade"
+        finally:
+            await store.close()
+    finally:
+        if server is not None:
+            await server.drop_database(url)
+
+
+def test_demo_records_a_graded_two_turn_session(lego_proxy: str, tmp_path: Path) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    # The demo runs on the embedded default whatever the environment points at.
+    env = clean_env(
+        LEGO_BACKEND_URL="http://127.0.0.1:9",
+        LEGO_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'not-the-demo.sqlite3'}",
+        TMPDIR=str(scratch),
+    )
+    done = subprocess.run(
+        [lego_proxy, "demo"], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "recorded session: termination=completed reward=1.0 turns=2" in out
+    turns = re.findall(r"turn \d+: completed .* sampled=\s*(\d+) ", out)
+    assert len(turns) == 2
+    segments = re.findall(r"segment \d+: (\d+) tokens, (\d+) sampled \(loss mask\)", out)
+    # The tool loop continues the first turn token-faithfully: one training sequence.
+    assert len(segments) == 1
+    # Every sampled token of every turn is in exactly one segment's loss mask.
+    assert sum(int(sampled) for _, sampled in segments) == sum(int(n) for n in turns)
+    assert all(int(tokens) > int(sampled) > 0 for tokens, sampled in segments)
+    assert not (tmp_path / "not-the-demo.sqlite3").exists()
+    assert list(scratch.glob("lego-demo-*")) == []  # the demo cleans up after itself
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"LEGO_ENV": "production"}, "LEGO_ADMIN_KEY"),
+        ({"LEGO_ENV": "production", "LEGO_ADMIN_KEY": DEV_ADMIN_KEY}, "LEGO_ADMIN_KEY"),
+        ({"LEGO_PORT": "eighty"}, "LEGO_PORT"),
+    ],
+)
+def test_serve_refuses_bad_settings_in_one_line(
+    lego_proxy: str, tmp_path: Path, env: dict[str, str], names: str
+) -> None:
+    done = subprocess.run(
+        [lego_proxy, "serve"],
+        env=clean_env(LEGO_DATA_DIR=str(tmp_path), **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("lego-proxy: invalid settings:")
+    assert names in line
+    assert not (tmp_path / "lego.sqlite3").exists()  # refused before touching anything
