@@ -13,6 +13,7 @@ The core raises these; nothing returns errors as values. Each wire adapter maps 
     ├── NotFound                   404  unknown run, session or route
     ├── Conflict                   409  session already finished, run name taken
     ├── PayloadTooLarge            413  request body over the configured limit
+    ├── Overloaded                 429  new turns held back (run paused); retry after a delay
     ├── BackendError               502  the SGLang backend answered with an error
     │   └── BackendUnavailable     503  the backend cannot be reached
     └── RecorderError              500  the database refused a control-plane write
@@ -74,6 +75,18 @@ class Conflict(LegoError):
 class PayloadTooLarge(LegoError):
     status = 413
     code = "payload_too_large"
+
+
+class Overloaded(LegoError):
+    """New turns are held back (a run paused around a weight sync); ``retry_after_s``
+    becomes the ``Retry-After`` header in the adapter's error response."""
+
+    status = 429
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class BackendError(LegoError):

@@ -103,6 +103,10 @@ class TurnRecord:
     classification: str = "root"  # root | extend | realign | fork
     fork_reason: str | None = None  # compaction | edited_history | system_changed | ...
     reused_prefix_len: int = 0  # leading prompt ids identical to the parent's tokens
+    # Which policy sampled which output ids: (version, start, end) over ``output_ids``, one
+    # span per backend call when a pause-abort resumption straddled a weight update. Empty
+    # means the whole output came from ``weight_version``.
+    weight_version_spans: tuple[tuple[str, int, int], ...] = ()
     timings: TurnTimings = field(default_factory=lambda: TurnTimings(received_at=0.0))
 
 
@@ -135,6 +139,6 @@ class SessionInfo:
     status: SessionStatus
     created_at: float
     termination: str | None = None
-    reward: float | None = None
+    reward: float | tuple[float, ...] | None = None  # a scalar or a vector of objectives
     reward_details: dict[str, object] | None = None
     turn_count: int = 0

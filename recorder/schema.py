@@ -8,12 +8,25 @@ float32 bytes, routed experts the smallest unsigned integer type that holds ever
 id (``routed_experts_dtype``) with their ``[rows, layers, top_k]`` shape in
 ``routed_experts_num_layers``/``routed_experts_top_k``. Timestamps are epoch seconds.
 JSON columns are ``JSONB`` on Postgres so they can be queried and indexed later.
+
+Linear storage: a turn that continues a parent stores only ``prompt_ids`` after
+``prompt_offset`` (the ids shared with the parent's prompt + output); readers rebuild the
+full prompt by walking ``parent_turn_id`` within the session (``store``). On Postgres the
+array columns are stored uncompressed (``STORAGE EXTERNAL``, migration 0003): token ids and
+routing ids barely compress, and trying costs ingest throughput.
+
+Export bookkeeping: ``weight_versions`` is the announced policy order of a run;
+``group_leases`` holds one row per prompt group ever handed out (or skipped), pointing at
+the ``batches`` row whose lease currently owns it; ``alignment_reports`` stores the
+trainer's rollout/trainer agreement per step.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
+    Boolean,
     Column,
     Double,
     ForeignKey,
@@ -26,6 +39,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.expression import false
 
 # Deterministic constraint names, so migrations can refer to them on every dialect.
 NAMING_CONVENTION = {
@@ -45,6 +59,8 @@ runs = Table(
     Column("id", Text, primary_key=True),
     Column("name", Text, nullable=False, unique=True),
     Column("created_at", Double, nullable=False),
+    # Paused around a weight sync: every replica holds the run's new turns (proxy.gate).
+    Column("paused", Boolean, nullable=False, server_default=false()),
 )
 
 sessions = Table(
@@ -66,6 +82,7 @@ sessions = Table(
     Column("reward_details", JsonColumn, nullable=True),
     Column("created_at", Double, nullable=False),
     Column("finished_at", Double, nullable=True),
+    Column("reward_vector", JsonColumn, nullable=True),  # set instead of reward for vectors
     Index(None, "key", unique=True),
     Index(None, "run_id"),
 )
@@ -75,7 +92,9 @@ turns = Table(
     metadata,
     Column("id", Text, primary_key=True),
     Column("session_id", Text, ForeignKey("sessions.id"), nullable=False),
-    Column("seq", Integer, nullable=False),
+    # Arrival order across every replica: microseconds since the epoch when the request was
+    # received (a continuation always arrives after the turn it continues finished).
+    Column("seq", BigInteger, nullable=False),
     Column("adapter", Text, nullable=False),
     Column("requested_model", Text, nullable=False),
     Column("status", Text, nullable=False),
@@ -106,7 +125,51 @@ turns = Table(
     Column("finished_s", Double, nullable=True),
     Column("backend_s", Double, nullable=True),
     Column("created_at", Double, nullable=False),
-    # Its index leads with session_id, so it also serves "turns of a session" lookups; a
-    # separate session_id index would only slow every insert down.
-    UniqueConstraint("session_id", "seq"),
+    Column("prompt_offset", Integer, nullable=False, server_default="0"),
+    Column("weight_version_spans", JsonColumn, nullable=True),
+    # Not unique: replicas stamp seq independently, and a clash must never cost a turn.
+    Index(None, "session_id", "seq"),
+)
+
+weight_versions = Table(
+    "weight_versions",
+    metadata,
+    Column("run_id", Text, ForeignKey("runs.id"), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("version", Text, nullable=False),
+    Column("created_at", Double, nullable=False),
+    UniqueConstraint("run_id", "version"),
+)
+
+batches = Table(
+    "batches",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("run_id", Text, ForeignKey("runs.id"), nullable=False),
+    Column("created_at", Double, nullable=False),
+    Column("lease_expires_at", Double, nullable=False),
+    Column("acked_at", Double, nullable=True),
+    Column("group_count", Integer, nullable=False),
+)
+
+group_leases = Table(
+    "group_leases",
+    metadata,
+    Column("run_id", Text, ForeignKey("runs.id"), primary_key=True),
+    Column("group_id", Text, primary_key=True),
+    Column("state", Text, nullable=False),  # leased | acked | skipped
+    Column("batch_id", Text, nullable=True),
+    Column("lease_expires_at", Double, nullable=True),
+    Column("updated_at", Double, nullable=False),
+)
+
+alignment_reports = Table(
+    "alignment_reports",
+    metadata,
+    Column("run_id", Text, ForeignKey("runs.id"), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("weight_version", Text, nullable=False),
+    Column("metrics", JsonColumn, nullable=False),
+    Column("flagged", Integer, nullable=False),
+    Column("created_at", Double, nullable=False),
 )

@@ -11,6 +11,13 @@ Contract:
   no-op, so a writer may retry a batch after an ambiguous failure.
 - ``list_turns`` gives back exactly what was written, in seq order, except that logprobs
   are float32-rounded (see ``codec``).
+- Linear storage: a turn with a parent stores only ``prompt_ids[reused_prefix_len:]``; the
+  leading ids are the parent's prompt + output, which the ledger guarantees (its contract).
+  ``list_turns`` rebuilds every full prompt by walking the parent chain inside the session
+  (each parent resolved once per call), so a session's bytes grow with its new tokens,
+  not with turns x context. A parent outside the session raises ``RecorderError``.
+- A vector reward is stored in ``reward_vector`` (``reward`` stays NULL) and read back as a
+  tuple of floats.
 """
 
 from __future__ import annotations
@@ -18,11 +25,14 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Insert, func, select, update
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import ColumnElement, Insert, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -43,6 +53,35 @@ from recorder.records import (
 from recorder.schema import runs, sessions, turns
 
 SESSION_KEY_PREFIX = "lego-sk-"
+# Binary columns of a turn row (everything else in a row is JSON-serializable).
+BLOB_COLUMNS = (
+    "prompt_ids",
+    "output_ids",
+    "logprobs",
+    "routed_experts",
+    "request_messages",
+    "response_message",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTurn:
+    """A turn encoded as its ``turns`` row (linear storage applied): what gets written."""
+
+    id: str
+    row: Mapping[str, object]
+
+
+def encode_turn(record: TurnRecord) -> StoredTurn:
+    """Encode a record for storage; ``InvalidRequest`` if it can never be stored."""
+    return StoredTurn(id=record.id, row=_turn_to_row(record))
+
+
+def decode_stored(turn: StoredTurn) -> TurnRecord:
+    """Inverse of ``encode_turn`` for a turn stored without a parent prefix."""
+    if turn.row["prompt_offset"]:
+        raise RecorderError(f"turn {turn.id} needs its parent to rebuild its prompt")
+    return _rebuild_prompts("", [turn.row])[0]
 
 
 class Store:
@@ -125,9 +164,11 @@ class Store:
         self,
         session_id: str,
         termination: str,
-        reward: float | None,
+        reward: float | tuple[float, ...] | None,
         reward_details: dict[str, object] | None,
     ) -> SessionInfo:
+        scalar = reward if isinstance(reward, float | int) or reward is None else None
+        vector = list(reward) if isinstance(reward, tuple) else None
         async with self._transaction(f"finish session {session_id}") as conn:
             # The status guard makes finishing atomic: of two concurrent calls one wins.
             result = await conn.execute(
@@ -137,7 +178,8 @@ class Store:
                 .values(
                     status=SessionStatus.FINISHED.value,
                     termination=termination,
-                    reward=reward,
+                    reward=scalar,
+                    reward_vector=vector,
                     reward_details=reward_details,
                     finished_at=time.time(),
                 )
@@ -149,53 +191,103 @@ class Store:
             raise Conflict(f"session {session_id!r} is already finished")
         return info
 
+    async def list_sessions(
+        self,
+        run_id: str,
+        *,
+        after: tuple[float, str] | None = None,
+        limit: int = 100,
+        finished: bool | None = None,
+        group_ids: Sequence[str] | None = None,
+    ) -> list[SessionInfo]:
+        """Sessions of a run in (created_at, id) order, strictly after ``after``."""
+        conditions: list[ColumnElement[bool]] = [sessions.c.run_id == run_id]
+        if after is not None:
+            created, sid = after
+            conditions.append(
+                (sessions.c.created_at > created)
+                | ((sessions.c.created_at == created) & (sessions.c.id > sid))
+            )
+        if finished is not None:
+            wanted = SessionStatus.FINISHED if finished else SessionStatus.ACTIVE
+            conditions.append(sessions.c.status == wanted.value)
+        if group_ids is not None:
+            conditions.append(sessions.c.group_id.in_(list(group_ids)))
+        async with self._transaction(f"list sessions of run {run_id}") as conn:
+            result = await conn.execute(
+                select(sessions, _turn_count())
+                .where(*conditions)
+                .order_by(sessions.c.created_at, sessions.c.id)
+                .limit(limit)
+            )
+            return [_row_to_session(row._mapping, int(row[-1])) for row in result]
+
+    async def storage_bytes(self, session_id: str) -> int:
+        """Bytes of the per-token arrays stored for a session (what linear storage bounds)."""
+        columns = (turns.c.prompt_ids, turns.c.output_ids, turns.c.logprobs)
+        total = sum(func.coalesce(func.sum(func.length(c)), 0) for c in columns)
+        experts = func.coalesce(func.sum(func.length(turns.c.routed_experts)), 0)
+        async with self._transaction(f"measure session {session_id}") as conn:
+            value = await conn.scalar(
+                select(total + experts).where(turns.c.session_id == session_id)
+            )
+        return int(value or 0)
+
     async def _session_where(self, conn: AsyncConnection, condition: Any) -> SessionInfo | None:
-        turn_count = (
-            select(func.count())
-            .select_from(turns)
-            .where(turns.c.session_id == sessions.c.id)
-            .scalar_subquery()
-        )
-        row = (await conn.execute(select(sessions, turn_count).where(condition))).first()
+        row = (await conn.execute(select(sessions, _turn_count()).where(condition))).first()
         if row is None:
             return None
-        data = row._mapping
-        return SessionInfo(
-            id=data["id"],
-            key=data["key"],
-            spec=SessionSpec(
-                run_id=data["run_id"],
-                task_id=data["task_id"],
-                group_id=data["group_id"],
-                sample_index=data["sample_index"],
-                harness=data["harness"],
-                sampling=data["sampling"],
-                max_prompt_tokens=data["max_prompt_tokens"],
-                max_output_tokens=data["max_output_tokens"],
-            ),
-            status=SessionStatus(data["status"]),
-            created_at=data["created_at"],
-            termination=data["termination"],
-            reward=data["reward"],
-            reward_details=data["reward_details"],
-            turn_count=int(row[-1]),
-        )
+        return _row_to_session(row._mapping, int(row[-1]))
 
     # -- turns ----------------------------------------------------------------
     async def write_turns(self, records: Sequence[TurnRecord]) -> None:
-        unique = {record.id: record for record in reversed(records)}  # first copy wins
-        rows = [_turn_to_row(record) for record in reversed(unique.values())]
+        await self.write_rows([encode_turn(record) for record in records])
+
+    async def write_rows(self, stored: Sequence[StoredTurn]) -> None:
+        """Insert encoded turns in one transaction (one executemany), idempotent by id."""
+        unique = {turn.id: turn for turn in reversed(stored)}  # first copy wins
+        rows = [dict(turn.row) for turn in reversed(unique.values())]
         if not rows:
             return
         async with self._transaction(f"write {len(rows)} turns") as conn:
             await conn.execute(self._insert_turns_ignoring_known_ids(), rows)
 
+    async def turn_conversation(
+        self, session_id: str, turn_id: str
+    ) -> tuple[TurnStatus, bytes, bytes] | None:
+        """One turn's status, recorded request and answer (JSON), without its token arrays."""
+        async with self._transaction(f"read turn {turn_id}") as conn:
+            row = (
+                await conn.execute(
+                    select(turns.c.status, turns.c.request_messages, turns.c.response_message)
+                    .where(turns.c.session_id == session_id)
+                    .where(turns.c.id == turn_id)
+                )
+            ).first()
+        if row is None:
+            return None
+        return TurnStatus(row.status), bytes(row.request_messages), bytes(row.response_message)
+
+    async def count_completed_turns(self, session_id: str) -> int:
+        """Completed turns of a session: a replica compares it with what its ledger holds."""
+        async with self._transaction(f"count turns of {session_id}") as conn:
+            count = await conn.scalar(
+                select(func.count())
+                .select_from(turns)
+                .where(turns.c.session_id == session_id)
+                .where(turns.c.status == TurnStatus.COMPLETED.value)
+            )
+        return int(count or 0)
+
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
         async with self._transaction(f"read turns of session {session_id}") as conn:
             result = await conn.execute(
-                select(turns).where(turns.c.session_id == session_id).order_by(turns.c.seq)
+                select(turns)
+                .where(turns.c.session_id == session_id)
+                .order_by(turns.c.seq, turns.c.id)
             )
-            return [_row_to_turn(row._mapping) for row in result]
+            rows = [row._mapping for row in result]
+        return _rebuild_prompts(session_id, rows)
 
     def _insert_turns_ignoring_known_ids(self) -> Insert:
         # Only a clash on the id is a duplicate; a clash on (session_id, seq) with another
@@ -218,7 +310,51 @@ class Store:
             raise RecorderError(f"cannot {action}: database error: {describe_error(exc)}") from exc
 
 
+def _turn_count() -> Any:
+    return (
+        select(func.count())
+        .select_from(turns)
+        .where(turns.c.session_id == sessions.c.id)
+        .scalar_subquery()
+    )
+
+
+def _row_to_session(data: RowMapping, turn_count: int) -> SessionInfo:
+    vector = data["reward_vector"]
+    reward: float | tuple[float, ...] | None = (
+        tuple(float(x) for x in vector) if vector is not None else data["reward"]
+    )
+    return SessionInfo(
+        id=data["id"],
+        key=data["key"],
+        spec=SessionSpec(
+            run_id=data["run_id"],
+            task_id=data["task_id"],
+            group_id=data["group_id"],
+            sample_index=data["sample_index"],
+            harness=data["harness"],
+            sampling=data["sampling"],
+            max_prompt_tokens=data["max_prompt_tokens"],
+            max_output_tokens=data["max_output_tokens"],
+        ),
+        status=SessionStatus(data["status"]),
+        created_at=data["created_at"],
+        termination=data["termination"],
+        reward=reward,
+        reward_details=data["reward_details"],
+        turn_count=turn_count,
+    )
+
+
+def prompt_offset(record: TurnRecord) -> int:
+    """Leading prompt ids not stored because the parent turn's tokens hold them."""
+    if record.parent_turn_id is None:
+        return 0
+    return max(0, min(record.reused_prefix_len, len(record.prompt_ids)))
+
+
 def _turn_to_row(record: TurnRecord) -> dict[str, object]:
+    offset = prompt_offset(record)
     experts = (
         codec.encode_experts(record.routed_experts) if record.routed_experts is not None else None
     )
@@ -231,7 +367,8 @@ def _turn_to_row(record: TurnRecord) -> dict[str, object]:
         "status": record.status.value,
         "finish_reason": record.finish_reason,
         "weight_version": record.weight_version,
-        "prompt_ids": codec.encode_ids(record.prompt_ids),
+        "prompt_ids": codec.encode_ids(record.prompt_ids[offset:]),
+        "prompt_offset": offset,
         "output_ids": codec.encode_ids(record.output_ids),
         "logprobs": codec.encode_logprobs(record.logprobs),
         "routed_experts": experts.data if experts else None,
@@ -250,6 +387,7 @@ def _turn_to_row(record: TurnRecord) -> dict[str, object]:
         "classification": record.classification,
         "fork_reason": record.fork_reason,
         "reused_prefix_len": record.reused_prefix_len,
+        "weight_version_spans": [list(span) for span in record.weight_version_spans] or None,
         "received_at": record.timings.received_at,
         "first_token_s": record.timings.first_token_s,
         "finished_s": record.timings.finished_s,
@@ -258,7 +396,50 @@ def _turn_to_row(record: TurnRecord) -> dict[str, object]:
     }
 
 
-def _row_to_turn(row: RowMapping) -> TurnRecord:
+def _rebuild_prompts(session_id: str, rows: Sequence[Mapping[Any, Any]]) -> list[TurnRecord]:
+    """Turn rows -> records with full prompts, walking each parent chain once."""
+    by_id = {row["id"]: row for row in rows}
+    tokens: dict[str, npt.NDArray[np.int32]] = {}  # turn id -> full prompt + output
+
+    def prompt_of(row: Mapping[Any, Any]) -> npt.NDArray[np.int32]:
+        stored = np.frombuffer(bytes(row["prompt_ids"]), dtype="<i4")
+        offset = row["prompt_offset"]
+        if offset == 0:
+            return stored
+        chain: list[Mapping[Any, Any]] = []  # unresolved ancestors, nearest first
+        parent_id = row["parent_turn_id"]
+        while parent_id not in tokens:
+            parent = by_id.get(parent_id)
+            if parent is None or len(chain) > len(rows):  # missing, or a cycle
+                raise RecorderError(
+                    f"turn {row['id']} of session {session_id} continues turn "
+                    f"{parent_id!r}, which is not recorded in that session"
+                )
+            chain.append(parent)
+            if parent["prompt_offset"] == 0:
+                break
+            parent_id = parent["parent_turn_id"]
+        for ancestor in reversed(chain):
+            full_prompt = prompt_of(ancestor)  # ancestors above it are resolved by now
+            output = np.frombuffer(bytes(ancestor["output_ids"]), dtype="<i4")
+            tokens[ancestor["id"]] = np.concatenate([full_prompt, output])
+        prefix = tokens[row["parent_turn_id"]][:offset]
+        if len(prefix) != offset:
+            raise RecorderError(
+                f"turn {row['id']} reuses {offset} ids of a parent that has {len(prefix)}"
+            )
+        return np.concatenate([prefix, stored])
+
+    records = []
+    for row in rows:
+        prompt = prompt_of(row)
+        output = np.frombuffer(bytes(row["output_ids"]), dtype="<i4")
+        tokens[row["id"]] = np.concatenate([prompt, output])
+        records.append(_row_to_turn(row, tuple(prompt.tolist())))
+    return records
+
+
+def _row_to_turn(row: Mapping[Any, Any], prompt_ids: tuple[int, ...]) -> TurnRecord:
     experts = None
     if row["routed_experts"] is not None:
         experts = codec.decode_experts(
@@ -277,7 +458,7 @@ def _row_to_turn(row: RowMapping) -> TurnRecord:
         adapter=row["adapter"],
         requested_model=row["requested_model"],
         status=TurnStatus(row["status"]),
-        prompt_ids=codec.decode_ids(bytes(row["prompt_ids"])),
+        prompt_ids=prompt_ids,
         output_ids=codec.decode_ids(bytes(row["output_ids"])),
         logprobs=codec.decode_logprobs(bytes(row["logprobs"])),
         routed_experts=experts,
@@ -294,6 +475,9 @@ def _row_to_turn(row: RowMapping) -> TurnRecord:
         classification=row["classification"],
         fork_reason=row["fork_reason"],
         reused_prefix_len=row["reused_prefix_len"],
+        weight_version_spans=tuple(
+            (str(v), int(a), int(b)) for v, a, b in row["weight_version_spans"] or ()
+        ),
         timings=TurnTimings(
             received_at=row["received_at"],
             first_token_s=row["first_token_s"],

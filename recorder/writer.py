@@ -2,24 +2,43 @@
 
 Contract:
 - ``submit(turn)`` never blocks and never raises: it appends to an in-memory queue.
-- One background task (``start()``) writes the queue in FIFO batches of up to
-  ``max_batch`` turns, waiting up to ``flush_interval_s`` to fill a batch.
-- ``await flush()`` returns once every turn submitted before the call is settled (written,
-  or dropped as unstorable), starting the task if needed; ``await close()`` flushes and
-  stops the task. Both wait as
-  long as the database is down; bound them with ``asyncio.timeout`` where that matters.
-- A batch that fails with ``RecorderError`` (database down, slow, locked) stays at the head
-  of the queue and is retried with capped exponential backoff; retrying is safe because
-  ``Store.write_turns`` is idempotent by turn id. A turn the database can never accept
-  (``Conflict``, ``InvalidRequest``) is isolated by writing the batch one turn at a time,
-  logged and dropped, so one bad record cannot wedge the queue.
+- One background task (``start()``) encodes the queue in FIFO batches of up to
+  ``max_batch`` turns (waiting up to ``flush_interval_s`` to fill one) and writes each batch
+  with one multi-row insert (``Store.write_rows``; asyncpg runs it as a prepared
+  ``executemany``).
+- A turn the database can never accept (``Conflict``, ``InvalidRequest``) is isolated by
+  writing the batch one turn at a time, logged, counted in ``dropped`` and dropped, so one
+  bad record cannot wedge the queue.
+- ``await flush()`` returns once every turn submitted before the call is in the database
+  or dropped (spooled turns included: it triggers a replay at once). It waits as long as
+  the database is down; bound it with ``asyncio.timeout`` where that matters.
+- ``await close()`` flushes for up to ``close_timeout_s``; with a spool, whatever is still
+  in memory then goes to the spool, so a graceful shutdown loses nothing either way.
 
-Back-pressure: none yet. While the database is down the queue grows without bound in
-memory, with a warning each time it passes another multiple of ``warn_pending``; a memory
-bound with spooling to disk (so turns survive a process restart) is a later issue.
+With a ``Spool`` (the production set-up), nothing waits on the database:
+- A batch whose write fails with ``RecorderError`` or takes longer than
+  ``write_timeout_s`` is appended to the spool (fsync'd), and the writer switches to
+  spooling: later batches go straight to the spool until a replay succeeds.
+- Replay runs with capped exponential backoff while the spool is non-empty, on start-up
+  (the spool left by a previous run of this proxy, and any orphaned spool of a dead proxy
+  under the same root) and on ``flush()``. It is idempotent by turn id, so a write that
+  timed out but committed, or a crash in the middle of a replay, duplicates nothing.
 
-Counters (plain attributes; the app exports them to Prometheus): ``submitted``,
-``written``, ``dropped``, ``batches``, ``failures`` (failed write attempts).
+Back-pressure (documented choice): memory holds at most ``max_pending`` turns. When the
+queue is longer (the database keeps up but slower than turns arrive), batches bypass the
+database and go to the spool, which absorbs bursts at disk speed and is replayed later.
+Inference never slows down because of the recorder; only disk space is consumed.
+Without a spool (tests, tools) failed batches stay at the head of the queue and are retried
+with backoff, and the queue is unbounded.
+
+Crash window: a turn is durable once it is in the database or the spool. ``submit`` is
+called before the harness receives the end of its response; the turn reaches durability
+within ``flush_interval_s`` plus at most ``write_timeout_s`` (or one spool fsync). A hard
+kill inside that window (SIGKILL, power loss) can lose those turns; SIGTERM cannot.
+
+Counters (plain attributes, mirrored to ``Metrics`` when given): ``submitted``,
+``written``, ``dropped``, ``batches``, ``failures`` (failed write attempts), ``spooled``,
+``replayed``.
 """
 
 from __future__ import annotations
@@ -27,14 +46,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 
 from proxy.errors import Conflict, InvalidRequest, RecorderError
+from proxy.metrics import Metrics
 from recorder.records import TurnRecord
-from recorder.store import Store
+from recorder.spool import Spool
+from recorder.store import Store, StoredTurn, encode_turn
 
 log = logging.getLogger(__name__)
+
+REPLAY_TIMEOUT_S = 30.0  # one replayed batch; replays are off the hot path
 
 
 class TurnWriter:
@@ -42,36 +66,63 @@ class TurnWriter:
         self,
         store: Store,
         *,
+        spool: Spool | None = None,
+        orphans: Sequence[Spool] = (),
+        metrics: Metrics | None = None,
         max_batch: int = 256,
         flush_interval_s: float = 0.05,
         retry_initial_s: float = 0.1,
         retry_max_s: float = 5.0,
+        write_timeout_s: float = 1.0,
+        max_pending: int = 2_000,
+        close_timeout_s: float = 5.0,
         warn_pending: int = 10_000,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self._store = store
+        self._spool = spool
+        self._orphans = list(orphans)
+        self._metrics = metrics
         self._max_batch = max_batch
         self._flush_interval_s = flush_interval_s
         self._retry_initial_s = retry_initial_s
         self._retry_max_s = retry_max_s
+        self._write_timeout_s = write_timeout_s
+        self._max_pending = max_pending
+        self._close_timeout_s = close_timeout_s
         self._warn_pending = warn_pending
         self._queue: deque[TurnRecord] = deque()
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
-        self._done = 0  # turns taken off the queue (written or dropped), in FIFO order
+        self._done = 0  # turns taken off the queue (written, spooled or dropped), FIFO
         self._flush_target = 0
         self._task: asyncio.Task[None] | None = None
+        self._spooling = False  # the database failed: batches go to the spool
+        self._replay_delay = retry_initial_s
+        self._next_replay = 0.0  # monotonic; replay the spool once past it
         self.submitted = 0
         self.written = 0
         self.dropped = 0
         self.batches = 0
         self.failures = 0
+        self.spooled = 0
+        self.replayed = 0
+        if metrics is not None and spool is not None:
+            metrics.recorder_spool_age.set_function(spool.oldest_age_s)
+            metrics.recorder_spool_bytes.set_function(lambda: spool.size_bytes)
+            metrics.recorder_spool_turns.set_function(lambda: spool.records)
 
     @property
     def pending(self) -> int:
         """Turns submitted but not yet settled, the batch being written included."""
         return len(self._queue)
+
+    @property
+    def spooled_pending(self) -> int:
+        """Turns in the spool, waiting for a replay (this proxy's and adopted ones)."""
+        spools = [self._spool, *self._orphans] if self._spool else self._orphans
+        return sum(spool.records for spool in spools)
 
     def start(self) -> None:
         if self._task is None:
@@ -79,11 +130,15 @@ class TurnWriter:
                 self._run(), name="lego-turn-writer"
             )
 
+    def pending_turn(self, turn_id: str) -> TurnRecord | None:
+        """A submitted turn not yet written (read-your-writes before the database has it)."""
+        return next((turn for turn in self._queue if turn.id == turn_id), None)
+
     def submit(self, turn: TurnRecord) -> None:
         self._queue.append(turn)
         self.submitted += 1
         if self._warn_pending and len(self._queue) % self._warn_pending == 0:
-            log.warning("turn writer: %d turns waiting for the database", len(self._queue))
+            log.warning("turn writer: %d turns waiting in memory", len(self._queue))
         if len(self._queue) == 1 or len(self._queue) >= self._max_batch:
             self._wake.set()
 
@@ -91,22 +146,48 @@ class TurnWriter:
         self.start()
         target = self.submitted
         self._flush_target = max(self._flush_target, target)
+        self._next_replay = 0.0
         self._wake.set()
         async with self._progress:
-            await self._progress.wait_for(lambda: self._done >= target)
+            await self._progress.wait_for(
+                lambda: self._done >= target and self.spooled_pending == 0
+            )
 
     async def close(self) -> None:
-        await self.flush()
+        if self._spool is None:
+            await self.flush()
+        else:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._close_timeout_s):
+                    await self.flush()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._spool is not None:
+            # The database did not take everything in time: the spool keeps the rest for
+            # the next start (a batch cut off mid-write may land twice; replay dedupes).
+            await self._spill(list(self._queue))
+            self._queue.clear()
+            self._spool.close()
+        for orphan in self._orphans:
+            orphan.close()
 
+    # -- the background task ----------------------------------------------------
     async def _run(self) -> None:
         while True:
-            await self._wake.wait()
+            timeout = None
+            if self.spooled_pending:
+                timeout = max(0.0, self._next_replay - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             self._wake.clear()
+            if self.spooled_pending and time.monotonic() >= self._next_replay:
+                await self._replay()
+                async with self._progress:
+                    self._progress.notify_all()
             while self._queue:
                 if len(self._queue) < self._max_batch and self._done >= self._flush_target:
                     # Give concurrent turns a moment to join this batch, unless someone is
@@ -116,14 +197,107 @@ class TurnWriter:
                             await self._wake.wait()
                     self._wake.clear()
                 batch = [self._queue[i] for i in range(min(self._max_batch, len(self._queue)))]
-                await self._write_until_settled(batch)
+                await self._persist(batch)
                 for _ in batch:
                     self._queue.popleft()
                 self._done += len(batch)
                 async with self._progress:
                     self._progress.notify_all()
 
-    async def _write_until_settled(self, batch: Sequence[TurnRecord]) -> None:
+    async def _persist(self, batch: Sequence[TurnRecord]) -> None:
+        stored = self._encode(batch)
+        if self._spool is None:
+            await self._write_until_settled(stored)
+            return
+        if self._spooling or len(self._queue) > self._max_pending:
+            await self._spill(stored)
+            return
+        settled: set[str] = set()
+        try:
+            async with asyncio.timeout(self._write_timeout_s):
+                await self._write(stored, settled)
+        except (RecorderError, TimeoutError) as exc:
+            self._note_failure(exc, len(stored))
+            await self._spill([turn for turn in stored if turn.id not in settled])
+        except Exception:
+            # Not a database error, so a bug; keep the turns (nothing lost) in the spool.
+            self.failures += 1
+            log.exception("turn writer: unexpected error writing %d turns", len(stored))
+            self._spooling = True
+            await self._spill([turn for turn in stored if turn.id not in settled])
+        else:
+            self.batches += 1
+
+    def _encode(self, batch: Sequence[TurnRecord]) -> list[StoredTurn]:
+        stored = []
+        for turn in batch:
+            try:
+                stored.append(encode_turn(turn))
+            except InvalidRequest as exc:
+                # Deliberately swallowed: this record can never be stored; counted.
+                self._drop(turn.id, exc.message)
+        return stored
+
+    def _note_failure(self, exc: BaseException, size: int) -> None:
+        self.failures += 1
+        if self._metrics is not None:
+            self._metrics.recorder_write_failures.set(self.failures)
+        reason = exc.message if isinstance(exc, RecorderError) else "timed out"
+        if not self._spooling:
+            log.warning("turn writer: writing %d turns failed (%s); spooling", size, reason)
+        self._spooling = True
+        self._next_replay = time.monotonic() + self._replay_delay
+
+    async def _spill(self, stored: Sequence[StoredTurn] | Sequence[TurnRecord]) -> None:
+        assert self._spool is not None
+        rows = [t if isinstance(t, StoredTurn) else encode_turn(t) for t in stored]
+        delay = self._retry_initial_s
+        while rows:
+            try:
+                await asyncio.to_thread(self._spool.append, rows)
+            except OSError as exc:
+                # The disk refused (full, read-only): keep the turns in memory, retry.
+                self.failures += 1
+                log.error("turn writer: cannot spool %d turns: %s", len(rows), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._retry_max_s)
+                continue
+            self.spooled += len(rows)
+            if self._metrics is not None:
+                self._metrics.recorder_spooled.inc(len(rows))
+            return
+
+    async def _replay(self) -> None:
+        spools = [self._spool, *self._orphans] if self._spool else list(self._orphans)
+        for spool in spools:
+            await asyncio.to_thread(spool.rotate)
+            for segment in spool.closed_segments():
+                rows = await asyncio.to_thread(spool.read, segment)
+                settled: set[str] = set()
+                for at in range(0, len(rows), self._max_batch):
+                    chunk = rows[at : at + self._max_batch]
+                    try:
+                        async with asyncio.timeout(REPLAY_TIMEOUT_S):
+                            await self._write(chunk, settled)
+                    except (RecorderError, TimeoutError) as exc:
+                        self.failures += 1
+                        log.info("turn writer: replay failed (%s); will retry", exc)
+                        self._next_replay = time.monotonic() + self._replay_delay
+                        self._replay_delay = min(self._replay_delay * 2, self._retry_max_s)
+                        return
+                self.replayed += len(rows)
+                if self._metrics is not None:
+                    self._metrics.recorder_replayed.inc(len(rows))
+                await asyncio.to_thread(spool.remove, segment)
+        for orphan in [o for o in self._orphans if o.records == 0]:
+            orphan.close()
+            self._orphans.remove(orphan)
+        if self._spooling:
+            log.warning("turn writer: the database is back; the spool is replayed")
+        self._spooling = False
+        self._replay_delay = self._retry_initial_s
+
+    async def _write_until_settled(self, batch: Sequence[StoredTurn]) -> None:
         settled: set[str] = set()  # ids written or dropped, so a retry never counts twice
         delay = self._retry_initial_s
         while True:
@@ -150,21 +324,29 @@ class TurnWriter:
                 self.batches += 1
                 return
 
-    async def _write(self, batch: Sequence[TurnRecord], settled: set[str]) -> None:
+    async def _write(self, batch: Sequence[StoredTurn], settled: set[str]) -> None:
         todo = [turn for turn in batch if turn.id not in settled]
         if not todo:
             return
         try:
-            await self._store.write_turns(todo)
+            began = time.perf_counter()
+            await self._store.write_rows(todo)
+            if self._metrics is not None:
+                self._metrics.recorder_write_latency.observe(time.perf_counter() - began)
         except (Conflict, InvalidRequest) as exc:
             if len(todo) > 1:
                 for turn in todo:
                     await self._write([turn], settled)
                 return
             # Deliberately swallowed: this record can never be stored; counted in dropped.
-            self.dropped += 1
             settled.add(todo[0].id)
-            log.error("turn writer: dropping turn %s: %s", todo[0].id, exc.message)
+            self._drop(todo[0].id, exc.message)
             return
         self.written += len({turn.id for turn in todo})
         settled.update(turn.id for turn in todo)
+
+    def _drop(self, turn_id: str, reason: str) -> None:
+        self.dropped += 1
+        if self._metrics is not None:
+            self._metrics.recorder_dropped.inc()
+        log.error("turn writer: dropping turn %s: %s", turn_id, reason)

@@ -194,14 +194,23 @@ async def test_unstorable_turns_are_refused_and_nothing_is_written(store: Store)
     session = await new_session(store)
     await store.write_turns([make_turn(session.id, 0)])
 
-    with pytest.raises(Conflict):  # seq 0 is taken by another turn
-        await store.write_turns([make_turn(session.id, 1), make_turn(session.id, 0)])
     with pytest.raises(Conflict):  # unknown session
         await store.write_turns([make_turn("no-such-session", 0)])
     with pytest.raises(InvalidRequest, match="int32"):
         await store.write_turns([make_turn(session.id, 2, prompt=(2**31,))])
 
     assert [t.seq for t in await store.list_turns(session.id)] == [0]
+
+
+async def test_replicas_stamping_the_same_seq_lose_no_turn(store: Store) -> None:
+    """seq is an arrival time each replica stamps on its own; a clash is not an error."""
+    session = await new_session(store)
+    first, second = make_turn(session.id, 5), make_turn(session.id, 5)
+    await store.write_turns([first])
+    await store.write_turns([second])
+    stored = await store.list_turns(session.id)
+    assert sorted(t.id for t in stored) == sorted([first.id, second.id])
+    assert await store.count_completed_turns(session.id) == 2
 
 
 # -- failures -----------------------------------------------------------------------------

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 
 from recorder.database import create_engine
 from recorder.migrate import upgrade_database
 from recorder.records import SessionInfo, SessionSpec
+from recorder.spool import Spool
 from recorder.store import Store
 from recorder.writer import TurnWriter
 from tests.recorder.builders import make_turn
@@ -99,7 +101,7 @@ async def test_unstorable_turn_is_dropped_and_the_rest_written(store: Store) -> 
     await store.write_turns([original])
     writer = TurnWriter(store)
     writer.submit(make_turn(session.id, 1))
-    writer.submit(make_turn(session.id, 0))  # seq 0 belongs to another turn
+    writer.submit(make_turn(session.id, 3, prompt=(2**31,)))  # a token id past int32
     writer.submit(make_turn(session.id, 2))
 
     await asyncio.wait_for(writer.close(), timeout=10)
@@ -155,6 +157,112 @@ async def test_survives_a_postgres_restart(postgres_server: PostgresServer) -> N
 
         assert writer.written == 4
         assert [t.seq for t in await store.list_turns(session.id)] == [0, 1, 2, 3]
+    finally:
+        await writer.close()
+        await store.close()
+        await postgres_server.drop_database(url)
+
+
+# -- with a spool: nothing waits on the database, nothing is lost ----------------------
+
+
+async def test_an_unavailable_database_spools_and_a_new_writer_replays_it(
+    store: Store, database_url: str, tmp_path: Path
+) -> None:
+    session = await new_session(store)
+    spool = Spool.open(tmp_path / "spool" / "p")
+    writer = TurnWriter(store, spool=spool, flush_interval_s=0.01, retry_initial_s=0.05)
+    writer.start()
+    await rename_table(database_url, "turns", "turns_away")
+    try:
+        submitted = [make_turn(session.id, seq) for seq in range(6)]
+        for turn in submitted:
+            writer.submit(turn)
+        await eventually(lambda: writer.spooled == 6)
+        assert writer.pending == 0  # memory is free: the turns are on disk
+        await writer.close()  # the database is still away: close returns anyway
+    finally:
+        await rename_table(database_url, "turns_away", "turns")
+    assert await store.list_turns(session.id) == []
+
+    # The next start of this proxy finds the spool and replays it, exactly once.
+    again = TurnWriter(store, spool=Spool.open(tmp_path / "spool" / "p"))
+    again.start()
+    await asyncio.wait_for(again.flush(), timeout=10)
+    assert [t.id for t in await store.list_turns(session.id)] == [t.id for t in submitted]
+    assert (again.replayed, again.spooled_pending) == (6, 0)
+    await again.close()
+    assert list((tmp_path / "spool" / "p").glob("*.spool")) == []
+
+
+@pytest.mark.postgres
+async def test_a_slow_database_spools_within_the_write_timeout(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    url = await postgres_server.create_database()
+    await upgrade_database(url)
+    store = await Store.open(url)
+    blocker = create_engine(url)
+    writer = TurnWriter(
+        store,
+        spool=Spool.open(tmp_path / "spool"),
+        flush_interval_s=0.01,
+        write_timeout_s=0.3,
+        retry_initial_s=0.05,
+        retry_max_s=0.1,
+    )
+    writer.start()
+    try:
+        session = await new_session(store)
+        async with blocker.connect() as conn:
+            await conn.exec_driver_sql("BEGIN")
+            await conn.exec_driver_sql("LOCK TABLE turns IN ACCESS EXCLUSIVE MODE")
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            for seq in range(3):
+                writer.submit(make_turn(session.id, seq))
+            await eventually(lambda: writer.spooled == 3)
+            assert loop.time() - began < 1.5  # nobody waited on the locked table
+            await conn.exec_driver_sql("ROLLBACK")
+        await asyncio.wait_for(writer.flush(), timeout=10)
+        assert [t.seq for t in await store.list_turns(session.id)] == [0, 1, 2]
+    finally:
+        await writer.close()
+        await blocker.dispose()
+        await store.close()
+        await postgres_server.drop_database(url)
+
+
+@pytest.mark.postgres
+async def test_postgres_down_turns_spool_and_replay_exactly_once(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    if not postgres_server.owned:
+        pytest.skip("needs a Postgres started by the tests (LEGO_TEST_POSTGRES_URL is set)")
+    url = await postgres_server.create_database()
+    await upgrade_database(url)
+    store = await Store.open(url)
+    writer = TurnWriter(
+        store,
+        spool=Spool.open(tmp_path / "spool"),
+        flush_interval_s=0.01,
+        retry_initial_s=0.05,
+        retry_max_s=0.2,
+    )
+    try:
+        session = await new_session(store)
+        writer.submit(make_turn(session.id, 0))
+        await writer.flush()
+        await asyncio.to_thread(postgres_server.stop)
+        try:
+            for seq in range(1, 40):
+                writer.submit(make_turn(session.id, seq))
+            await eventually(lambda: writer.spooled >= 39)
+            assert writer.pending == 0
+        finally:
+            await asyncio.to_thread(postgres_server.start)
+        await asyncio.wait_for(writer.flush(), timeout=30)
+        assert [t.seq for t in await store.list_turns(session.id)] == list(range(40))
     finally:
         await writer.close()
         await store.close()

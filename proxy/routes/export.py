@@ -1,0 +1,307 @@
+"""Export and run-control API for trainers (admin key): what issue 6's trainer consumes.
+
+Owns the export API's wire models and routes; storage lives in ``recorder.export``.
+Errors use the control API's envelope (``{"error": {"message", "type", "param", "code"}}``).
+
+    POST /api/v1/runs/{run_id}/weight_versions  {"version"}  -> {run_id, version, index, ...}
+    GET  /api/v1/runs/{run_id}/weight_versions                     -> {"versions": [...]}
+    POST /api/v1/runs/{run_id}/pause | /resume                     -> {run_id, paused}
+    GET  /api/v1/runs/{run_id}/trajectories?cursor=&limit=&finished=&excluded=
+                                                                   -> {"items", "next_cursor"}
+    POST /api/v1/runs/{run_id}/claims?format=json|b64v1
+         {"groups", "max_staleness", "lease_s"}                    -> batch (SCHEMA_VERSION)
+    POST /api/v1/batches/{batch_id}/ack                            -> {batch_id, acked}
+    POST /api/v1/runs/{run_id}/alignment  {"step", "weight_version", "metrics", "flagged"}
+    GET  /api/v1/runs/{run_id}/alignment                           -> {"reports": [...]}
+
+Claims flush this proxy's turn writer first, so a finished session's turns are in the
+database before its group is delivered. A claim response also carries ``stale_groups``:
+complete groups held back by ``max_staleness`` (they stay in the pool). The latest
+alignment step of each run is exported as ``lego_alignment_<metric>{run}`` gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxy.errors import AuthenticationFailed, InvalidRequest, LegoError, RecorderError
+from proxy.gate import RunGate
+from proxy.metrics import Metrics
+from proxy.routes.control import JSON, ErrorRenderer, _parse, session_json
+from proxy.settings import Settings
+from recorder.export import AlignmentReport, ExportStore
+from recorder.records import EXCLUDED_TERMINATIONS, SessionInfo
+from recorder.store import Store
+from recorder.trajectory import FORMATS, build_segments, segment_to_json
+from recorder.writer import TurnWriter
+
+SCHEMA_VERSION = 1  # of the claim response; pinned by a test, bump on any breaking change
+CLAIM_FLUSH_TIMEOUT_S = 10.0
+_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+@dataclass(frozen=True, slots=True)
+class ExportState:
+    """What the export routes need; ``create_app`` puts it on ``app.state.lego_export``."""
+
+    store: Store
+    exports: ExportStore
+    writer: TurnWriter
+    gate: RunGate
+    metrics: Metrics
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AnnounceVersion(_Strict):
+    version: str = Field(min_length=1, max_length=256)
+
+
+class ClaimBody(_Strict):
+    groups: int = Field(ge=1, le=10_000)
+    max_staleness: int | None = Field(default=None, ge=0)
+    lease_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
+
+
+class AlignmentBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step: int = Field(ge=0)
+    weight_version: str = Field(min_length=1, max_length=256)
+    metrics: dict[str, float | None]
+    flagged: bool = False
+
+
+def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
+    router = APIRouter(prefix="/api/v1")
+    admin_key = settings.effective_admin_key.encode()
+    public_url = settings.effective_public_url
+
+    def admin(
+        handler: Callable[[ExportState, Request], Awaitable[object]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                auth = request.headers.get("authorization", "")
+                scheme, _, token = auth.partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    token.strip().encode(), admin_key
+                ):
+                    raise AuthenticationFailed(
+                        "the export API needs 'Authorization: Bearer <admin key>'"
+                    )
+                result = await handler(request.app.state.lego_export, request)
+            except LegoError as exc:
+                status, content = render_error(exc)
+                return Response(content, status_code=status, media_type=JSON)
+            return Response(orjson.dumps(result, option=_OPTIONS), media_type=JSON)
+
+        return endpoint
+
+    def run_id(request: Request) -> str:
+        return str(request.path_params["run_id"])
+
+    async def announce(state: ExportState, request: Request) -> object:
+        body = _parse(AnnounceVersion, await request.body())
+        entry = await state.exports.announce_version(run_id(request), body.version)
+        return {
+            "run_id": entry.run_id,
+            "version": entry.version,
+            "index": entry.index,
+            "created_at": entry.created_at,
+        }
+
+    async def versions(state: ExportState, request: Request) -> object:
+        entries = await state.exports.list_versions(run_id(request))
+        return {
+            "versions": [
+                {"version": e.version, "index": e.index, "created_at": e.created_at}
+                for e in entries
+            ]
+        }
+
+    async def pause(state: ExportState, request: Request) -> object:
+        run = await state.store.get_run(run_id(request))
+        await state.exports.set_paused(run.id, True)  # the other replicas poll this
+        state.gate.pause(run.id)
+        return {"run_id": run.id, "paused": True}
+
+    async def resume(state: ExportState, request: Request) -> object:
+        run = await state.store.get_run(run_id(request))
+        await state.exports.set_paused(run.id, False)
+        state.gate.resume(run.id)
+        return {"run_id": run.id, "paused": False}
+
+    async def trajectories(state: ExportState, request: Request) -> object:
+        query = request.query_params
+        run = await state.store.get_run(run_id(request))
+        limit = _int(query.get("limit"), "limit", default=100, low=1, high=1000)
+        finished = _bool(query.get("finished"), "finished")
+        excluded = _bool(query.get("excluded"), "excluded")
+        scanned = await state.store.list_sessions(
+            run.id, after=_decode_cursor(query.get("cursor")), limit=limit, finished=finished
+        )
+        items = [
+            session_json(s, public_url)
+            for s in scanned
+            if excluded is None or (s.termination in EXCLUDED_TERMINATIONS) == excluded
+        ]
+        last = scanned[-1] if len(scanned) == limit else None
+        return {"items": items, "next_cursor": None if last is None else _cursor(last)}
+
+    async def claim(state: ExportState, request: Request) -> object:
+        body = _parse(ClaimBody, await request.body())
+        wire = request.query_params.get("format", "json")
+        if wire not in FORMATS:
+            raise InvalidRequest(f"format must be one of {list(FORMATS)}", param="format")
+        run = await state.store.get_run(run_id(request))
+        try:
+            async with asyncio.timeout(CLAIM_FLUSH_TIMEOUT_S):
+                await state.writer.flush()  # this proxy's turns reach the database first
+        except TimeoutError:
+            raise RecorderError("the recorder is still writing turns; retry the claim") from None
+        result = await state.exports.claim(run.id, body.groups, body.max_staleness, body.lease_s)
+        state.metrics.export_claims.labels(outcome="hit" if result.groups else "empty").inc()
+        state.metrics.export_claimed_groups.inc(len(result.groups))
+        state.metrics.export_stale_groups.inc(result.stale_groups)
+        for group in result.groups:
+            state.metrics.export_staleness.observe(group.staleness)
+        groups = []
+        for group in result.groups:
+            samples = [await _sample(state, sid, wire) for sid in group.session_ids]
+            groups.append(
+                {
+                    "group_id": group.group_id,
+                    "task_id": group.task_id,
+                    "staleness": group.staleness,
+                    "samples": samples,
+                }
+            )
+        return {
+            "batch_id": result.batch_id,
+            "lease_expires_at": result.lease_expires_at,
+            "schema_version": SCHEMA_VERSION,
+            "format": wire,
+            "zero_variance_groups": result.zero_variance_groups,
+            "stale_groups": result.stale_groups,
+            "groups": groups,
+        }
+
+    async def ack(state: ExportState, request: Request) -> object:
+        batch_id = str(request.path_params["batch_id"])
+        await state.exports.ack(batch_id)
+        return {"batch_id": batch_id, "acked": True}
+
+    async def post_alignment(state: ExportState, request: Request) -> object:
+        body = _parse(AlignmentBody, await request.body())
+        report = AlignmentReport(
+            run_id=run_id(request),
+            step=body.step,
+            weight_version=body.weight_version,
+            metrics=body.metrics,
+            flagged=body.flagged,
+            created_at=time.time(),
+        )
+        await state.exports.record_alignment(report)
+        latest = (await state.exports.list_alignment(report.run_id))[-1]
+        state.metrics.alignment_step.labels(run=report.run_id).set(latest.step)
+        if report.flagged:
+            state.metrics.alignment_flagged.labels(run=report.run_id).inc()
+        for name, value in latest.metrics.items():
+            if value is not None:
+                state.metrics.alignment_gauge(name).labels(run=report.run_id).set(value)
+        return _alignment_json(report)
+
+    async def get_alignment(state: ExportState, request: Request) -> object:
+        reports = await state.exports.list_alignment(run_id(request))
+        return {"reports": [_alignment_json(r) for r in reports]}
+
+    runs = "/runs/{run_id}"
+    router.add_api_route(f"{runs}/weight_versions", admin(announce), methods=["POST"])
+    router.add_api_route(f"{runs}/weight_versions", admin(versions), methods=["GET"])
+    router.add_api_route(f"{runs}/pause", admin(pause), methods=["POST"])
+    router.add_api_route(f"{runs}/resume", admin(resume), methods=["POST"])
+    router.add_api_route(f"{runs}/trajectories", admin(trajectories), methods=["GET"])
+    router.add_api_route(f"{runs}/claims", admin(claim), methods=["POST"])
+    router.add_api_route("/batches/{batch_id}/ack", admin(ack), methods=["POST"])
+    router.add_api_route(f"{runs}/alignment", admin(post_alignment), methods=["POST"])
+    router.add_api_route(f"{runs}/alignment", admin(get_alignment), methods=["GET"])
+    return router
+
+
+async def _sample(state: ExportState, session_id: str, wire: str) -> dict[str, object]:
+    session: SessionInfo = await state.store.get_session(session_id)
+    turns = await state.store.list_turns(session_id)
+    reward = list(session.reward) if isinstance(session.reward, tuple) else session.reward
+    return {
+        "session_id": session.id,
+        "sample_index": session.spec.sample_index,
+        "reward": reward,
+        "reward_details": session.reward_details,
+        "termination": session.termination,
+        "segments": [
+            segment_to_json(seg, wire, numpy_arrays=True) for seg in build_segments(turns)
+        ],
+    }
+
+
+def _alignment_json(report: AlignmentReport) -> dict[str, object]:
+    return {
+        "run_id": report.run_id,
+        "step": report.step,
+        "weight_version": report.weight_version,
+        "metrics": dict(report.metrics),
+        "flagged": report.flagged,
+        "created_at": report.created_at,
+    }
+
+
+def _cursor(session: SessionInfo) -> str:
+    raw = orjson.dumps([session.created_at, session.id])
+    return base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+def _decode_cursor(value: str | None) -> tuple[float, str] | None:
+    if not value:
+        return None
+    try:
+        created, sid = orjson.loads(base64.urlsafe_b64decode(value.encode("ascii")))
+        return float(created), str(sid)
+    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+        raise InvalidRequest("invalid cursor", param="cursor") from None
+
+
+def _int(value: str | None, name: str, *, default: int, low: int, high: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer", param=name) from None
+    if not low <= number <= high:
+        raise InvalidRequest(f"{name} must be in [{low}, {high}]", param=name)
+    return number
+
+
+def _bool(value: str | None, name: str) -> bool | None:
+    if value is None or value == "":
+        return None
+    lowered = value.lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise InvalidRequest(f"{name} must be true or false", param=name)
