@@ -86,6 +86,11 @@ class ChatRequest:
     include_usage: bool = False
     enable_thinking: bool | None = None
     ignored_fields: tuple[str, ...] = ()
+    # OpenAI Responses only: ``instructions`` is also ``messages[0]`` (a system message);
+    # the route resolves ``previous_response_id`` into full ``messages`` before rendering.
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
 
 
 class FinishReason(StrEnum):
@@ -140,6 +145,7 @@ class AssistantTurn:
     message: Message
     finish_reason: FinishReason
     usage: Usage
+    matched_stop: str | None = None
 
 
 def collect(events: Iterable[OutputEvent]) -> AssistantTurn:
@@ -165,4 +171,6 @@ def collect(events: Iterable[OutputEvent]) -> AssistantTurn:
         reasoning="".join(reasoning) if reasoning else None,
         tool_calls=tuple(calls),
     )
-    return AssistantTurn(finished.turn_id, message, finished.finish_reason, finished.usage)
+    return AssistantTurn(
+        finished.turn_id, message, finished.finish_reason, finished.usage, finished.matched_stop
+    )

@@ -8,6 +8,9 @@ of them shows only protocol differences.
 
 Streaming hooks are given a ``StreamState`` the route creates per response; adapters keep
 whatever per-stream bookkeeping they need in it (its ``extra`` slot), never in globals.
+The route calls ``stream_start`` once, ``stream_ping`` any number of times while the first
+output is slow to come (keep-alive), ``stream_event`` per event, then ``stream_end`` or
+``stream_error``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class StreamState:
     model: str
     created: int
     include_usage: bool = False
+    prompt_tokens: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -46,6 +50,10 @@ class Adapter(Protocol):
     # -- streaming response ---------------------------------------------------
     def stream_start(self, state: StreamState) -> list[bytes]:
         """SSE frames sent before the first model output (may be empty)."""
+        ...
+
+    def stream_ping(self, state: StreamState) -> list[bytes]:
+        """A keep-alive frame sent while the stream waits for its first output event."""
         ...
 
     def stream_event(self, state: StreamState, event: OutputEvent) -> list[bytes]:

@@ -552,6 +552,10 @@ class OpenAIChatAdapter:
     def stream_start(self, state: StreamState) -> list[bytes]:
         return [_delta_frame(state, {"role": "assistant", "content": ""})]
 
+    def stream_ping(self, state: StreamState) -> list[bytes]:
+        # An SSE comment: clients skip it, proxies and load balancers see a live connection.
+        return [b": ping\n\n"]
+
     def stream_event(self, state: StreamState, event: OutputEvent) -> list[bytes]:
         if isinstance(event, TurnFinished):
             return _finish_frames(state, event)

@@ -1,28 +1,48 @@
-"""Inference endpoints harnesses call: ``/v1/chat/completions`` and ``/v1/models``.
+"""Inference endpoints harnesses call, one per wire protocol, each also under ``/s/{key}``.
+
+``/v1/chat/completions`` and ``/v1/models`` (OpenAI Chat), ``/v1/messages`` and
+``/v1/messages/count_tokens`` (Anthropic), ``/v1/responses`` (OpenAI Responses), and
+``HEAD /`` (Claude Code's pre-connect check).
 
 Owns: reading the body under the size limit, finding the session key (a key in the
 ``/s/{key}/`` path wins over ``Authorization: Bearer`` and ``x-api-key``), driving the
-adapter hooks around the pipeline, and turning client disconnects into cancellation.
-Errors raised before the first byte get the adapter's status and envelope; after that they
-go in-band, so a harness always gets its own protocol's error.
+adapter hooks around the pipeline, keeping slow streams alive, and turning client
+disconnects into cancellation. Errors raised before the first byte get the adapter's status
+and envelope; after that they go in-band, so a harness always gets its own protocol's error.
+
+Streaming: the route waits up to ``FIRST_EVENT_WAIT_S`` for the first output event before
+sending headers, so errors that come quickly (a backend refusing the prompt) still get a real
+HTTP status. If the model is slower, the stream starts and the adapter's ``stream_ping``
+frame is sent at once and then whenever ``PING_INTERVAL_S`` pass without an event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter, count_tokens_response
 from proxy.adapters.base import Adapter, StreamState
-from proxy.canonical import AssistantTurn, OutputEvent, collect
-from proxy.errors import LegoError, PayloadTooLarge
+from proxy.adapters.openai_responses import OpenAIResponsesAdapter
+from proxy.canonical import AssistantTurn, ChatRequest, OutputEvent, collect
+from proxy.errors import LegoError, Overloaded, PayloadTooLarge
 from proxy.pipeline import PreparedTurn
+from proxy.routes.responses_state import resolve_previous_response
 from proxy.state import AppState
+from recorder.records import SessionInfo
 
 JSON = "application/json"
+FIRST_EVENT_WAIT_S = 1.0
+PING_INTERVAL_S = 5.0
+
+# Route-layer IO that completes a parsed request (e.g. ``previous_response_id``).
+Resolver = Callable[[AppState, SessionInfo, ChatRequest], Awaitable[ChatRequest]]
+Events = AsyncGenerator[OutputEvent, None]
 
 
 def session_key(request: Request, path_key: str | None) -> str | None:
@@ -56,8 +76,37 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+async def _next(events: Events) -> OutputEvent | None:
+    """The next event, or None at the end (a task cannot end in ``StopAsyncIteration``)."""
+    try:
+        return await anext(events)
+    except StopAsyncIteration:
+        return None
+
+
+async def _cancel(task: asyncio.Task[OutputEvent | None], events: Events) -> None:
+    if not task.done():
+        # Cancelling the pipeline mid-step aborts the backend and records the turn.
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    await events.aclose()
+
+
+def error_reply(adapter: Adapter, error: LegoError) -> Response:
+    """The adapter's error shape and status, plus ``Retry-After`` when the caller should wait."""
+    status, content = adapter.error_response(error)
+    headers = {}
+    if isinstance(error, Overloaded):
+        headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
+    return Response(content, status_code=status, media_type=JSON, headers=headers)
+
+
 async def handle_turn(
-    state: AppState, adapter: Adapter, request: Request, path_key: str | None
+    state: AppState,
+    adapter: Adapter,
+    request: Request,
+    path_key: str | None,
+    resolve: Resolver | None = None,
 ) -> Response:
     metrics = state.metrics
     try:
@@ -66,13 +115,19 @@ async def handle_turn(
         chat = adapter.parse_request(body)
         for name in chat.ignored_fields:
             metrics.ignored_fields.labels(adapter=adapter.name, field=name).inc()
+        if resolve is not None:
+            chat = await resolve(state, session, chat)
+        await state.pipeline.admit(session)
         prepared = await state.pipeline.prepare(session, chat)
         events = state.pipeline.run(prepared)
         if chat.stream:
+            first = asyncio.get_running_loop().create_task(_next(events))
             try:
-                first = await anext(events)
+                await asyncio.wait({first}, timeout=FIRST_EVENT_WAIT_S)
+                if first.done():
+                    first.result()  # an early error gets a real HTTP status
             except BaseException:
-                await events.aclose()
+                await _cancel(first, events)
                 raise
             metrics.requests.labels(adapter=adapter.name, status="200").inc()
             return StreamingResponse(
@@ -88,14 +143,11 @@ async def handle_turn(
         metrics.requests.labels(adapter=adapter.name, status="200").inc()
         return Response(content, media_type=JSON)
     except LegoError as exc:
-        status, content = adapter.error_response(exc)
-        metrics.requests.labels(adapter=adapter.name, status=str(status)).inc()
-        return Response(content, status_code=status, media_type=JSON)
+        metrics.requests.labels(adapter=adapter.name, status=str(exc.status)).inc()
+        return error_reply(adapter, exc)
 
 
-async def _collect_unless_disconnected(
-    request: Request, events: AsyncGenerator[OutputEvent, None]
-) -> AssistantTurn | None:
+async def _collect_unless_disconnected(request: Request, events: Events) -> AssistantTurn | None:
     async def gather() -> list[OutputEvent]:
         return [event async for event in events]
 
@@ -116,52 +168,94 @@ async def _collect_unless_disconnected(
 async def _frames(
     adapter: Adapter,
     turn: PreparedTurn,
-    first: OutputEvent,
-    events: AsyncGenerator[OutputEvent, None],
+    pending: asyncio.Task[OutputEvent | None],
+    events: Events,
 ) -> AsyncGenerator[bytes, None]:
     stream = StreamState(
         response_id=turn.turn_id,
         model=turn.request.model,
         created=int(turn.received_at),
         include_usage=turn.request.include_usage,
+        prompt_tokens=len(turn.prompt_ids),
     )
     try:
         for frame in adapter.stream_start(stream):
             yield frame
-        for frame in adapter.stream_event(stream, first):
-            yield frame
-        async for event in events:
+        waited = not pending.done()  # the first event is already over FIRST_EVENT_WAIT_S late
+        while True:
+            while not pending.done():
+                if waited:
+                    for frame in adapter.stream_ping(stream):
+                        yield frame
+                waited = True
+                await asyncio.wait({pending}, timeout=PING_INTERVAL_S)
+            event = pending.result()
+            if event is None:
+                break
             for frame in adapter.stream_event(stream, event):
                 yield frame
+            waited = False
+            pending = asyncio.get_running_loop().create_task(_next(events))
         for frame in adapter.stream_end(stream):
             yield frame
     except LegoError as exc:
         for frame in adapter.stream_error(stream, exc):
             yield frame
     finally:
-        await events.aclose()
+        await _cancel(pending, events)
 
 
-def build_router(chat: Adapter) -> APIRouter:
+def build_router(
+    chat: Adapter, messages: AnthropicMessagesAdapter, responses: OpenAIResponsesAdapter
+) -> APIRouter:
     router = APIRouter()
 
-    async def chat_completions(request: Request) -> Response:
-        state: AppState = request.app.state.lego
-        return await handle_turn(state, chat, request, request.path_params.get("key"))
+    def turn_route(adapter: Adapter, resolve: Resolver | None = None) -> Callable[..., object]:
+        async def route(request: Request) -> Response:
+            state: AppState = request.app.state.lego
+            key = request.path_params.get("key")
+            return await handle_turn(state, adapter, request, key, resolve)
+
+        return route
 
     async def models(request: Request) -> Response:
         state: AppState = request.app.state.lego
         try:
             await state.sessions.active(session_key(request, request.path_params.get("key")))
         except LegoError as exc:
-            status, content = chat.error_response(exc)
-            return Response(content, status_code=status, media_type=JSON)
+            return error_reply(chat, exc)
         return Response(
             state.models_response([state.served_model_name], int(time.time())),
             media_type=JSON,
         )
 
+    async def count_tokens(request: Request) -> Response:
+        state: AppState = request.app.state.lego
+        try:
+            body = await read_body(request, state.settings.max_body_bytes)
+            session = await state.sessions.active(
+                session_key(request, request.path_params.get("key"))
+            )
+            # prepare renders exactly what a turn would send, and records nothing.
+            prepared = await state.pipeline.prepare(session, messages.parse_count_request(body))
+        except LegoError as exc:
+            return error_reply(messages, exc)
+        return Response(count_tokens_response(len(prepared.prompt_ids)), media_type=JSON)
+
+    async def preconnect(request: Request) -> Response:
+        # Claude Code sends HEAD to its base URL before the first request; it must not fail.
+        return Response(status_code=200)
+
     for prefix in ("", "/s/{key}"):
-        router.add_api_route(f"{prefix}/v1/chat/completions", chat_completions, methods=["POST"])
+        router.add_api_route(f"{prefix}/v1/chat/completions", turn_route(chat), methods=["POST"])
         router.add_api_route(f"{prefix}/v1/models", models, methods=["GET"])
+        router.add_api_route(f"{prefix}/v1/messages", turn_route(messages), methods=["POST"])
+        router.add_api_route(f"{prefix}/v1/messages/count_tokens", count_tokens, methods=["POST"])
+        router.add_api_route(
+            f"{prefix}/v1/responses",
+            turn_route(responses, resolve_previous_response),
+            methods=["POST"],
+        )
+        router.add_api_route(f"{prefix}/", preconnect, methods=["HEAD"])
+    router.add_api_route("/s/{key}", preconnect, methods=["HEAD"])
     return router

@@ -41,6 +41,8 @@ UNICODE_REPLY = "Grüße 👋 你好, done."
 SLOW_REPLY = " ".join(["streaming"] * 60)
 RESUMABLE_REPLY = " ".join(["resumed"] * 30)
 DEFAULT_REPLY = "Hello! I am a scripted policy."
+# The whole answer is one tool call, held back until complete: the first event comes late.
+LATE_TOOL_REPLY = '<tool_call>\n{"name": "bash", "arguments": {"command": "sleep 1"}}\n</tool_call>'
 
 SCRIPT: dict[str, Any] = {
     "rules": [
@@ -51,6 +53,7 @@ SCRIPT: dict[str, Any] = {
         {"match": "UNICODE", "reply": UNICODE_REPLY},
         {"match": "SLOW", "reply": SLOW_REPLY, "delay_s": 0.05},
         {"match": "RESUMABLE", "reply": RESUMABLE_REPLY, "delay_s": 0.02},
+        {"match": "LATE_TOOL", "reply": LATE_TOOL_REPLY, "delay_s": 0.1},
     ],
     "default": DEFAULT_REPLY,
 }
