@@ -34,6 +34,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--torch-threads", type=int, default=1, help="CPU threads for torch (0: torch's default)"
     )
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="forward precision"
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -51,6 +54,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         weight_version=args.weight_version,
         served_model_name=args.served_model_name,
         torch_threads=args.torch_threads or None,
+        dtype=args.dtype,
     )
 
 

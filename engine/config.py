@@ -19,3 +19,6 @@ class EngineConfig:
     # CPU intra-op threads (process-wide). For the tiny model one thread is fastest: waking
     # a thread pool for every small op costs more than the math (measured: 2x per token).
     torch_threads: int | None = 1
+    # Precision of the forward pass: "float32" (exact, the default) or "bfloat16" (rollouts
+    # in a precision other than the trainer's, for the alignment experiment).
+    dtype: str = "float32"

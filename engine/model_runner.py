@@ -1,6 +1,7 @@
 """One loaded causal LM on the CPU: forward passes with per-request KV caches and routing.
 
-Owns ``ModelRunner``: loads any HF causal-LM directory with transformers (float32),
+Owns ``ModelRunner``: loads any HF causal-LM directory with transformers (float32 unless
+``dtype`` says otherwise: "float32" or "bfloat16"),
 runs ``prefill`` (a whole prompt) and ``decode`` (one token) against a caller-held KV cache
 (so each step costs only its new tokens), and reloads weights in place.
 
@@ -31,6 +32,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from proxy.errors import InvalidRequest
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,13 @@ def _eos_ids(model: Any) -> frozenset[int]:
 
 
 class ModelRunner:
-    def __init__(self, model_path: Path) -> None:
+    def __init__(self, model_path: Path, dtype: str = "float32") -> None:
+        if dtype not in _DTYPES:
+            raise InvalidRequest(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
         self.model_path = model_path
+        self.dtype = _DTYPES[dtype]
         # transformers' loader is typed loosely; the runner treats the model as dynamic.
-        loaded: Any = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=self.dtype)
         self.model: Any = loaded.eval()
         config = self.model.config
         self.num_layers = int(config.num_hidden_layers)
@@ -119,7 +124,7 @@ class ModelRunner:
     def reload(self, model_path: Path) -> None:
         """Load ``model_path``'s weights into the running model (same architecture only)."""
         try:
-            fresh = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+            fresh = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=self.dtype)
         except (OSError, ValueError) as exc:
             raise InvalidRequest(f"Failed to load weights from {model_path}: {exc}") from exc
         try:

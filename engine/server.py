@@ -90,7 +90,7 @@ def _make_backend(config: EngineConfig, tokenizer: Any) -> Backend:
     def decode(ids: Sequence[int]) -> str:
         return str(tokenizer.decode(list(ids), skip_special_tokens=False))
 
-    return Scheduler(ModelRunner(config.model_path), decode)
+    return Scheduler(ModelRunner(config.model_path, config.dtype), decode)
 
 
 def _state(request: Request) -> EngineState:

@@ -1,0 +1,121 @@
+"""Rollout-to-training alignment: how well the trainer reproduces what the backend sampled.
+
+Owns ``AlignmentMetrics``, ``AlignmentThresholds``, ``measure_alignment`` and ``is_flagged``.
+
+Inputs are flat arrays over the sampled tokens only (the caller selects them with the loss
+mask): ``rollout`` and ``recomputed`` logprobs of the same tokens, and optionally the
+recorded expert ids ``[tokens, moe_layers, top_k]`` beside the ids the trainer's router
+chose on its own for the same rows. Definitions (float64 throughout):
+
+- ``pearson_r``: Pearson correlation of rollout vs recomputed logprobs (1.0 for identical
+  arrays even when they are constant; 0.0 for a constant array against a varying one).
+- ``k3_kl``: mean of ``exp(d) - 1 - d`` with ``d = recomputed - rollout``: the k3 estimator
+  of KL(rollout || trainer) from tokens the rollout sampled; >= 0 per token.
+- ``abs_dp_mean``: mean ``|p_rollout - p_trainer|`` in probability space (LEGO-RL Table 7).
+- ``abs_dlogp_mean`` / ``_p50`` / ``_p90`` / ``_p99``: token-level ``|d|`` statistics.
+- ``expert_overlap``: mean over tokens x MoE layers of ``|recorded ∩ natural| / top_k``.
+- ``top1_agreement``: share of tokens x layers whose highest-weight expert is the same.
+  Both ``None`` without routing. A replay misaligned by one row collapses both towards
+  chance (``top_k / num_experts`` and ``1 / num_experts``): that is how it is detected.
+
+A step is flagged when ``pearson_r`` is below ``min_pearson_r``, ``abs_dlogp_p99`` above
+``max_abs_dlogp_p99``, or the expert overlap (when measured) below ``min_expert_overlap``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from proxy.errors import InvalidRequest
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class AlignmentMetrics:
+    tokens: int
+    pearson_r: float
+    k3_kl: float
+    abs_dp_mean: float
+    abs_dlogp_mean: float
+    abs_dlogp_p50: float
+    abs_dlogp_p90: float
+    abs_dlogp_p99: float
+    expert_overlap: float | None = None
+    top1_agreement: float | None = None
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {k: (None if v is None else float(v)) for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True, slots=True)
+class AlignmentThresholds:
+    min_pearson_r: float = 0.99
+    max_abs_dlogp_p99: float = 0.05
+    min_expert_overlap: float = 0.9
+
+
+def _pearson(a: Floats, b: Floats) -> float:
+    da, db = a - a.mean(), b - b.mean()
+    denom = float(np.sqrt((da * da).sum() * (db * db).sum()))
+    if denom == 0.0:
+        return 1.0 if np.array_equal(a, b) else 0.0
+    return float((da * db).sum() / denom)
+
+
+def routing_agreement(recorded: Ints, natural: Ints) -> tuple[float, float]:
+    """``(expert_overlap, top1_agreement)`` of two ``[tokens, layers, top_k]`` id arrays."""
+    if recorded.shape != natural.shape or recorded.ndim != 3:
+        raise InvalidRequest(f"routing arrays {recorded.shape} and {natural.shape} differ")
+    if recorded.shape[0] == 0:
+        return 1.0, 1.0
+    top_k = recorded.shape[2]
+    # Pairwise comparison of the two top-k sets; ids within one row are distinct.
+    hits = (recorded[..., :, None] == natural[..., None, :]).any(axis=-1).sum(axis=-1)
+    overlap = float(hits.mean() / top_k)
+    top1 = float((recorded[..., 0] == natural[..., 0]).mean())
+    return overlap, top1
+
+
+def measure_alignment(
+    rollout: Floats,
+    recomputed: Floats,
+    recorded_experts: Ints | None = None,
+    natural_experts: Ints | None = None,
+) -> AlignmentMetrics:
+    """Alignment over the sampled tokens given (see the module doc for definitions)."""
+    if rollout.shape != recomputed.shape or rollout.ndim != 1:
+        raise InvalidRequest(f"logprob arrays {rollout.shape} and {recomputed.shape} differ")
+    if rollout.size == 0:
+        raise InvalidRequest("alignment needs at least one sampled token")
+    d = recomputed.astype(np.float64) - rollout.astype(np.float64)
+    abs_d = np.abs(d)
+    p50, p90, p99 = (float(q) for q in np.quantile(abs_d, [0.5, 0.9, 0.99]))
+    overlap = top1 = None
+    if recorded_experts is not None and natural_experts is not None:
+        overlap, top1 = routing_agreement(recorded_experts, natural_experts)
+    return AlignmentMetrics(
+        tokens=int(rollout.size),
+        pearson_r=_pearson(rollout.astype(np.float64), recomputed.astype(np.float64)),
+        k3_kl=float(np.mean(np.expm1(d) - d)),
+        abs_dp_mean=float(np.mean(np.abs(np.exp(rollout) - np.exp(recomputed)))),
+        abs_dlogp_mean=float(abs_d.mean()),
+        abs_dlogp_p50=p50,
+        abs_dlogp_p90=p90,
+        abs_dlogp_p99=p99,
+        expert_overlap=overlap,
+        top1_agreement=top1,
+    )
+
+
+def is_flagged(metrics: AlignmentMetrics, thresholds: AlignmentThresholds) -> bool:
+    if metrics.pearson_r < thresholds.min_pearson_r:
+        return True
+    if metrics.abs_dlogp_p99 > thresholds.max_abs_dlogp_p99:
+        return True
+    overlap = metrics.expert_overlap
+    return overlap is not None and overlap < thresholds.min_expert_overlap

@@ -1,0 +1,311 @@
+"""HTTP clients of the trainer: the proxy's export/control API and the backend's weight API.
+
+Owns the wire side of training, nothing else:
+
+- ``ExportClient`` (admin key): ``claim`` complete groups of a run (arrays as JSON lists
+  or, by default, the compact ``b64v1`` form: base64 little-endian with dtype and shape;
+  a vector reward is ``Unsupported``: GRPO needs one scalar), ``ack`` a batch,
+  ``pause``/``resume`` the run around a weight sync, ``announce_weight_version``, and
+  ``post_alignment`` metrics. Claimed JSON is validated with pydantic here and handed on as
+  frozen dataclasses (``ClaimedBatch`` -> ``ClaimedGroup`` -> ``ClaimedSample`` ->
+  ``ClaimedSegment``), so nothing past this module sees a dict.
+- ``BackendClient``: SGLang's ``POST /update_weights_from_disk`` (the local engine and a
+  real SGLang server alike).
+
+Errors are raised from ``proxy.errors``: an HTTP error status becomes the ``LegoError``
+subclass carrying that status (401, 403, 404, 409, 413, 400; anything else ``BackendError``
+with the upstream status), an unreachable server ``BackendUnavailable``. One pooled
+``httpx.Client`` per client object; close it (or use it as a context manager).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from proxy.errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendUnavailable,
+    Conflict,
+    InvalidRequest,
+    LegoError,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    Unsupported,
+)
+
+_BY_STATUS: dict[int, type[LegoError]] = {
+    400: InvalidRequest,
+    401: AuthenticationFailed,
+    403: PermissionDenied,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+}
+
+
+# --- what a claim delivers (frozen, numpy arrays for the per-token data) ---------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ClaimedSegment:
+    tokens: npt.NDArray[np.int64]
+    loss_mask: npt.NDArray[np.bool_]
+    logprobs: npt.NDArray[np.float64]
+    routed_experts: npt.NDArray[np.int32] | None  # [len(tokens), layers, top_k]; last row pad
+    weight_versions: tuple[str, ...]
+    turn_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedSample:
+    session_id: str
+    sample_index: int
+    reward: float
+    termination: str | None
+    segments: tuple[ClaimedSegment, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedGroup:
+    group_id: str
+    task_id: str
+    samples: tuple[ClaimedSample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedBatch:
+    batch_id: str | None  # None when nothing was ready (then ``groups`` is empty)
+    groups: tuple[ClaimedGroup, ...]
+    zero_variance_groups: int
+
+
+# --- the wire models (pydantic at the edge; unknown fields tolerated) ------------------
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _EncodedWire(_Wire):
+    """One array in the ``b64v1`` form: base64 of its little-endian bytes."""
+
+    dtype: str
+    shape: list[int]
+    data: str
+
+
+class _SegmentWire(_Wire):
+    tokens: list[int] | _EncodedWire
+    loss_mask: list[int] | _EncodedWire
+    logprobs: list[float] | _EncodedWire
+    routed_experts: list[list[list[int]]] | _EncodedWire | None = None
+    weight_versions: list[str] = []
+    turn_ids: list[str] = []
+
+
+class _SampleWire(_Wire):
+    session_id: str
+    sample_index: int = 0
+    reward: float | list[float] | None = None
+    termination: str | None = None
+    segments: list[_SegmentWire]
+
+
+class _GroupWire(_Wire):
+    group_id: str
+    task_id: str = ""
+    samples: list[_SampleWire]
+
+
+class _ClaimWire(_Wire):
+    batch_id: str | None = None
+    schema_version: int = 1
+    zero_variance_groups: int = 0
+    groups: list[_GroupWire]
+
+
+def _array(value: list[Any] | _EncodedWire, dtype: type[np.generic]) -> npt.NDArray[Any]:
+    if isinstance(value, _EncodedWire):
+        try:
+            raw = np.frombuffer(base64.b64decode(value.data), dtype=np.dtype(value.dtype))
+            return raw.reshape(value.shape).astype(dtype)
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequest(f"undecodable array ({value.dtype}, {value.shape})") from exc
+    return np.asarray(value, dtype=dtype)
+
+
+def _segment(wire: _SegmentWire) -> ClaimedSegment:
+    tokens = _array(wire.tokens, np.int64)
+    loss_mask = _array(wire.loss_mask, np.bool_)
+    logprobs = _array(wire.logprobs, np.float64)
+    n = tokens.shape[0]
+    if tokens.ndim != 1 or loss_mask.shape != (n,) or logprobs.shape != (n,):
+        raise InvalidRequest(
+            f"segment arrays are not aligned: tokens {tokens.shape}, mask {loss_mask.shape}, "
+            f"logprobs {logprobs.shape}"
+        )
+    routed = None
+    if wire.routed_experts is not None:
+        routed = _array(wire.routed_experts, np.int32)
+        if routed.ndim != 3 or routed.shape[0] != n:
+            raise InvalidRequest(f"routed_experts of shape {routed.shape} for {n} tokens")
+    return ClaimedSegment(
+        tokens=tokens,
+        loss_mask=loss_mask,
+        logprobs=logprobs,
+        routed_experts=routed,
+        weight_versions=tuple(wire.weight_versions),
+        turn_ids=tuple(wire.turn_ids),
+    )
+
+
+def _reward(wire: _SampleWire) -> float:
+    if isinstance(wire.reward, list):
+        raise Unsupported(
+            f"session {wire.session_id} has a vector reward; the trainer needs one scalar"
+        )
+    # A delivered (finished, not excluded) session without a reward is graded 0.
+    return float(wire.reward or 0.0)
+
+
+def parse_claim(body: bytes) -> ClaimedBatch:
+    """Validate a claim response body; raise ``InvalidRequest`` on an unusable one."""
+    try:
+        wire = _ClaimWire.model_validate_json(body)
+    except ValidationError as exc:
+        raise InvalidRequest(f"unusable claim response: {exc.errors()[0]['msg']}") from exc
+    if wire.schema_version != 1:
+        raise InvalidRequest(f"claim schema_version {wire.schema_version} is not supported")
+    if wire.groups and wire.batch_id is None:
+        raise InvalidRequest("a claim that delivers groups must name its batch")
+    groups = tuple(
+        ClaimedGroup(
+            group_id=g.group_id,
+            task_id=g.task_id,
+            samples=tuple(
+                ClaimedSample(
+                    session_id=s.session_id,
+                    sample_index=s.sample_index,
+                    reward=_reward(s),
+                    termination=s.termination,
+                    segments=tuple(_segment(seg) for seg in s.segments),
+                )
+                for s in g.samples
+            ),
+        )
+        for g in wire.groups
+    )
+    return ClaimedBatch(
+        batch_id=wire.batch_id, groups=groups, zero_variance_groups=wire.zero_variance_groups
+    )
+
+
+# --- the transport ---------------------------------------------------------------------
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    # OpenAI-style {"error": {"message"}}, SGLang's {"error": "..."} or {"message": "..."}.
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    message = response.text[:500]
+    if isinstance(body, dict):
+        error = body.get("error")
+        found = error.get("message") if isinstance(error, dict) else error or body.get("message")
+        message = str(found) if found else message
+    where = f"{response.request.method} {response.request.url.path}"
+    text = f"{where} -> {response.status_code}: {message}"
+    kind = _BY_STATUS.get(response.status_code)
+    if kind is not None:
+        raise kind(text)
+    raise BackendError(text, backend_status=response.status_code)
+
+
+class _Http:
+    def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float) -> None:
+        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
+
+    def post(self, path: str, body: object) -> httpx.Response:
+        try:
+            response = self._http.post(path, json=body)
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(f"POST {path}: {exc}") from exc
+        _raise_for(response)
+        return response
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ExportClient(_Http):
+    """The proxy's export/control API for one run, under the admin key."""
+
+    def __init__(
+        self, proxy_url: str, admin_key: str, run_id: str, *, timeout_s: float = 120.0
+    ) -> None:
+        super().__init__(proxy_url, {"authorization": f"Bearer {admin_key}"}, timeout_s)
+        self.run_id = run_id
+
+    def claim(
+        self, groups: int, max_staleness: int | None, lease_s: float, wire_format: str = "b64v1"
+    ) -> ClaimedBatch:
+        body = {"groups": groups, "max_staleness": max_staleness, "lease_s": lease_s}
+        path = f"/api/v1/runs/{self.run_id}/claims?format={wire_format}"
+        return parse_claim(self.post(path, body).content)
+
+    def ack(self, batch_id: str) -> None:
+        self.post(f"/api/v1/batches/{batch_id}/ack", {})
+
+    def pause(self) -> None:
+        self.post(f"/api/v1/runs/{self.run_id}/pause", {})
+
+    def resume(self) -> None:
+        self.post(f"/api/v1/runs/{self.run_id}/resume", {})
+
+    def announce_weight_version(self, version: str) -> int:
+        """Tell the proxy ``version`` is now served; return its announcement index."""
+        response = self.post(f"/api/v1/runs/{self.run_id}/weight_versions", {"version": version})
+        return int(response.json()["index"])
+
+    def post_alignment(
+        self, step: int, weight_version: str, metrics: dict[str, float | None], flagged: bool
+    ) -> None:
+        body = {"step": step, "weight_version": weight_version, "metrics": metrics}
+        self.post(f"/api/v1/runs/{self.run_id}/alignment", {**body, "flagged": flagged})
+
+
+class BackendClient(_Http):
+    """The SGLang backend's weight-update endpoint (no auth)."""
+
+    def __init__(self, backend_url: str, *, timeout_s: float = 600.0) -> None:
+        super().__init__(backend_url, {}, timeout_s)
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str) -> None:
+        body = {"model_path": model_path, "weight_version": weight_version}
+        result = self.post("/update_weights_from_disk", body).json()
+        if not result.get("success", False):
+            raise BackendError(f"weight update refused: {result.get('message')}", retryable=False)

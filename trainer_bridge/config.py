@@ -1,0 +1,84 @@
+"""``TrainConfig``: the trainer's one configuration, with command-line overrides.
+
+Owns ``TrainConfig`` (frozen) and ``config_from_args(argv)``. Defaults are LEGO-RL's
+production hyperparameters (Table 10: GSPO with clip range (3e-4, 4e-4), GRPO advantages,
+seq-mean-token-mean, KL loss 1e-3, constant lr 1e-6, grad clip 1.0, 64 prompts per batch,
+staleness threshold 1, 126 steps); a small-model demo overrides what it must
+(``--lr 1e-4 --steps 5 ...``). Every field is a flag: ``--field-name VALUE``; booleans take
+``--replay/--no-replay``; a field whose default is None takes ``none`` to stay unset.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, dataclass, fields
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    model_path: str  # the initial policy checkpoint (a transformers directory)
+    proxy_url: str = "http://127.0.0.1:8000"
+    admin_key: str = ""
+    run_id: str = ""
+    backend_url: str = "http://127.0.0.1:30000"
+    output_dir: str = "checkpoints"  # one sub-directory per published weight version
+    version_prefix: str = "step-"
+    # Data
+    steps: int = 126
+    groups_per_step: int = 64
+    max_staleness: int | None = 1
+    lease_s: float = 600.0
+    poll_interval_s: float = 2.0
+    max_wait_s: float | None = None  # stop when no batch arrives in this long (None: wait)
+    max_tokens_per_micro_batch: int = 16384
+    # Optimisation
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_low: float = 3e-4
+    clip_high: float = 4e-4
+    kl_coef: float = 1e-3  # 0 disables the reference model entirely
+    replay: bool = True
+    # Alignment thresholds: a step outside them is flagged
+    min_pearson_r: float = 0.99
+    max_abs_dlogp_p99: float = 0.05
+    min_expert_overlap: float = 0.9
+    # Runtime
+    dtype: str = "float32"  # "float32" | "bfloat16"
+    device: str = "cpu"
+    seed: int = 0
+
+
+def _optional(kind: Callable[[str], object]) -> Callable[[str], object]:
+    def parse(text: str) -> object:
+        return None if text.lower() == "none" else kind(text)
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer_bridge.train", description="Train a policy from lego-proxy."
+    )
+    # Types are taken from each default's runtime type; the None-defaulted fields are listed.
+    optional_types: dict[str, type] = {"max_staleness": int, "max_wait_s": float}
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.default is MISSING:
+            parser.add_argument(flag, dest=f.name, required=True)
+        elif isinstance(f.default, bool):
+            parser.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default
+            )
+        elif f.name in optional_types:
+            parser.add_argument(
+                flag, dest=f.name, type=_optional(optional_types[f.name]), default=f.default
+            )
+        else:
+            parser.add_argument(flag, dest=f.name, type=type(f.default), default=f.default)
+    return parser
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    return TrainConfig(**vars(_parser().parse_args(argv)))

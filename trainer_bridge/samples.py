@@ -1,0 +1,69 @@
+"""``Sample``: the trainer's one data contract, and claimed groups -> samples.
+
+A ``Sample`` is one training sequence: one exported segment of one session (a session
+whose history forked has several segments, each a root-to-leaf branch). Its arrays are
+aligned one-to-one by position ``p``:
+
+- ``tokens[p]``: the token at position ``p``;
+- ``loss_mask[p]``: True exactly where the policy sampled ``tokens[p]``;
+- ``rollout_logprobs[p]``: the backend's logprob of ``tokens[p]`` (0.0 where not sampled);
+- ``routed_experts[p]``: the expert ids the backend chose when it fed ``tokens[p]``,
+  ``[len, layers, top_k]``. The LAST ROW IS PADDING: the final sampled token is never fed
+  back, so it has no routing (and no logits of the trainer depend on it). ``None`` when the
+  backend returned no routing.
+
+``reward`` is the session's, shared by all its segments; ``group_id`` names the prompt
+group whose sessions are normalised together; ``session_id`` lets advantages count each
+session once however many segments it has; ``weight_versions`` is one entry per turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from trainer_bridge.client import ClaimedBatch
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Sample:
+    tokens: npt.NDArray[np.int64]
+    loss_mask: npt.NDArray[np.bool_]
+    rollout_logprobs: npt.NDArray[np.float64]
+    routed_experts: npt.NDArray[np.int32] | None
+    reward: float
+    group_id: str
+    session_id: str
+    weight_versions: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_sampled(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def samples_from_batch(batch: ClaimedBatch) -> list[Sample]:
+    """Every segment with at least one sampled token, in delivery order."""
+    out: list[Sample] = []
+    for group in batch.groups:
+        for claimed in group.samples:
+            for segment in claimed.segments:
+                if not segment.loss_mask.any():
+                    continue  # nothing the policy sampled: nothing to learn from
+                out.append(
+                    Sample(
+                        tokens=segment.tokens,
+                        loss_mask=segment.loss_mask,
+                        rollout_logprobs=segment.logprobs,
+                        routed_experts=segment.routed_experts,
+                        reward=claimed.reward,
+                        group_id=group.group_id,
+                        session_id=claimed.session_id,
+                        weight_versions=segment.weight_versions,
+                    )
+                )
+    return out
