@@ -1,0 +1,176 @@
+"""The Live UI's routes under ``/ui`` (admin key), for people with a browser.
+
+Authentication: ``Authorization: Bearer <admin key>``, or the ``lego_ui`` cookie that
+``POST /ui/login`` (form field ``key``) sets: HttpOnly, SameSite=Strict, scoped to
+``/ui``, holding a digest derived from the admin key rather than the key itself. A
+browser without either is redirected to the login form; a wrong Bearer key gets 401.
+Errors (unknown run, bad page) render as an HTML page with the error's status.
+
+    GET  /ui                                 runs
+    GET  /ui/runs/{run_id}                   overview + collapse check
+    GET  /ui/runs/{run_id}/tasks?sort&page   per-task solve rate, first vs latest version
+    GET  /ui/runs/{run_id}/sessions?page     sessions
+    GET  /ui/sessions/{session_id}           the session's tree of turns
+    GET  /ui/static/{name}                   CSS and JS (no authentication)
+    GET|POST /ui/login, POST /ui/logout
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from transformers import PreTrainedTokenizerBase
+
+from engine.tiny import default_model_dir
+from proxy.errors import AuthenticationFailed, InvalidRequest, LegoError, NotFound
+from proxy.render import load_tokenizer
+from proxy.settings import Settings
+from proxy.state import AppState
+from proxy.ui.overview import load_overview
+from proxy.ui.pages import Pages
+from proxy.ui.session_view import load_session
+from proxy.ui.tables import load_runs, load_sessions, load_tasks
+
+COOKIE = "lego_ui"
+_STATIC = {"ui.css": "text/css", "ui.js": "text/javascript"}
+Handler = Callable[[AppState, Request], Awaitable[str]]
+
+
+class _Tokens:
+    """The served tokenizer, loaded on first use (only the session page needs it)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self._model_dir = model_dir
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._lock = asyncio.Lock()
+
+    async def decoder(self) -> Callable[[int], str]:
+        async with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = await asyncio.to_thread(load_tokenizer, self._model_dir)
+        tokenizer = self._tokenizer
+        return lambda token: str(tokenizer.decode([token], skip_special_tokens=False))
+
+
+def _page_number(request: Request) -> int:
+    raw = request.query_params.get("page", "1")
+    if not raw.isdigit():
+        raise InvalidRequest("page must be a positive integer", param="page")
+    return int(raw)
+
+
+def _safe_next(value: str) -> str:
+    # Only local UI paths: a login form must not become an open redirect.
+    return value if value.startswith("/ui") and not value.startswith("//") else "/ui"
+
+
+def build_router(settings: Settings) -> APIRouter:
+    router = APIRouter(prefix="/ui")
+    admin_key = settings.effective_admin_key.encode()
+    cookie_value = hmac.new(admin_key, b"lego-proxy live ui", hashlib.sha256).hexdigest()
+    pages = Pages()
+    tokens = _Tokens(settings.tokenizer_path or default_model_dir(settings.data_dir))
+
+    def authorized(request: Request) -> bool:
+        auth = request.headers.get("authorization")
+        if auth is not None:
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), admin_key
+            ):
+                raise AuthenticationFailed("the live UI needs 'Authorization: Bearer <admin key>'")
+            return True
+        cookie = request.cookies.get(COOKIE, "")
+        return hmac.compare_digest(cookie.encode(), cookie_value.encode())
+
+    def page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                if not authorized(request):
+                    query = f"?{request.url.query}" if request.url.query else ""
+                    target = quote(request.url.path + query)
+                    return RedirectResponse(f"/ui/login?next={target}", status_code=303)
+                state: AppState = request.app.state.lego
+                html = await handler(state, request)
+            except LegoError as exc:
+                return HTMLResponse(pages.error(exc.status, exc.message), status_code=exc.status)
+            return HTMLResponse(html, headers={"cache-control": "no-store"})
+
+        return endpoint
+
+    async def runs_page(state: AppState, request: Request) -> str:
+        return pages.runs(await load_runs(state.store.engine, _page_number(request)))
+
+    async def overview_page(state: AppState, request: Request) -> str:
+        overview = await load_overview(state.store.engine, request.path_params["run_id"])
+        return pages.overview(overview)
+
+    async def tasks_page(state: AppState, request: Request) -> str:
+        run_id = request.path_params["run_id"]
+        sort = request.query_params.get("sort", "task")
+        rows = await load_tasks(state.store.engine, run_id, sort, _page_number(request))
+        return pages.tasks(run_id, rows, sort)
+
+    async def sessions_page(state: AppState, request: Request) -> str:
+        run_id = request.path_params["run_id"]
+        rows = await load_sessions(state.store.engine, run_id, _page_number(request))
+        return pages.sessions(run_id, rows)
+
+    async def session_page(state: AppState, request: Request) -> str:
+        decode = await tokens.decoder()
+        view = await load_session(state.store.engine, request.path_params["session_id"], decode)
+        return pages.session(view)
+
+    async def login_form(request: Request) -> Response:
+        next_url = _safe_next(request.query_params.get("next", "/ui"))
+        return HTMLResponse(pages.login(None, next_url))
+
+    async def login(request: Request) -> Response:
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        key = (form.get("key") or [""])[0]
+        next_url = _safe_next((form.get("next") or ["/ui"])[0])
+        if not hmac.compare_digest(key.encode(), admin_key):
+            return HTMLResponse(pages.login("That is not the admin key.", next_url), 401)
+        response = RedirectResponse(next_url, status_code=303)
+        response.set_cookie(
+            COOKIE,
+            cookie_value,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/ui",
+        )
+        return response
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/ui/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/ui")
+        return response
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _STATIC:
+            error = NotFound(f"no static file {name!r}")
+            return HTMLResponse(pages.error(error.status, error.message), status_code=404)
+        body = resources.files("proxy.ui").joinpath("static", name).read_bytes()
+        return Response(body, media_type=_STATIC[name], headers={"cache-control": "max-age=300"})
+
+    router.add_api_route("", page(runs_page), methods=["GET"])
+    router.add_api_route("/", page(runs_page), methods=["GET"])
+    router.add_api_route("/runs/{run_id}", page(overview_page), methods=["GET"])
+    router.add_api_route("/runs/{run_id}/tasks", page(tasks_page), methods=["GET"])
+    router.add_api_route("/runs/{run_id}/sessions", page(sessions_page), methods=["GET"])
+    router.add_api_route("/sessions/{session_id}", page(session_page), methods=["GET"])
+    router.add_api_route("/login", login_form, methods=["GET"])
+    router.add_api_route("/login", login, methods=["POST"])
+    router.add_api_route("/logout", logout, methods=["POST"])
+    router.add_api_route("/static/{name}", static, methods=["GET"])
+    return router

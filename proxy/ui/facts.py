@@ -1,0 +1,112 @@
+"""Shared SQL building blocks of the Live UI: a run's weight-version order and one row of
+facts per session, as SQLAlchemy Core selectables that the page queries aggregate over.
+
+Contract:
+- ``version_order(conn, run_id)`` lists the run's weight versions in policy order: the
+  announced order (``weight_versions.idx``) first, then versions only seen on turns, by
+  when they first sampled. One statement.
+- ``session_facts(run_id, order)`` is a subquery with one row per session of the run:
+  ``id, task_id, group_id, sample_index, status, termination, reward, created_at, version``
+  (the weight version of the session's first turn, NULL without turns), ``rank`` (that
+  version's position in ``order``), ``turns``, ``output_tokens``, ``malformed``,
+  ``included`` (1 when finished with a termination that counts for training) and
+  ``solved`` (1 when included and ``reward >= SOLVED_REWARD``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Integer, Subquery, and_, case, cast, func, literal, select, union_all
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from recorder.records import EXCLUDED_TERMINATIONS
+from recorder.schema import sessions, turns, weight_versions
+
+SOLVED_REWARD = 1.0  # a reward at or above this counts as a solve (binary 0/1 graders)
+_IDS_WIDTH = 4  # bytes per stored token id (little-endian int32, recorder.codec)
+
+
+async def version_order(conn: AsyncConnection, run_id: str) -> list[str]:
+    announced = select(
+        weight_versions.c.version.label("version"),
+        literal(0).label("tier"),
+        cast(weight_versions.c.idx, Integer).label("pos"),
+        literal(0.0).label("seen"),
+    ).where(weight_versions.c.run_id == run_id)
+    seen = (
+        select(
+            turns.c.weight_version.label("version"),
+            literal(1).label("tier"),
+            literal(0).label("pos"),
+            func.min(turns.c.created_at).label("seen"),
+        )
+        .join(sessions, sessions.c.id == turns.c.session_id)
+        .where(sessions.c.run_id == run_id, turns.c.weight_version != "")
+        .group_by(turns.c.weight_version)
+    )
+    rows = (await conn.execute(union_all(announced, seen))).all()
+    ordered: list[str] = []
+    known: set[str] = set()
+    for row in sorted(rows, key=lambda r: (r.tier, r.pos, r.seen)):
+        if row.version not in known:
+            known.add(row.version)
+            ordered.append(row.version)
+    return ordered
+
+
+def rank_of(column: Any, order: Sequence[str]) -> Any:
+    """SQL expression mapping a version string to its position in ``order`` (NULL if none)."""
+    if not order:
+        return literal(None, Integer)
+    return case({version: index for index, version in enumerate(order)}, value=column)
+
+
+def session_facts(run_id: str, order: Sequence[str]) -> Subquery:
+    stats = (
+        select(
+            turns.c.session_id,
+            func.count().label("turns"),
+            func.coalesce(func.sum(func.length(turns.c.output_ids)), 0).label("output_bytes"),
+            func.coalesce(func.sum(turns.c.malformed_tool_calls), 0).label("malformed"),
+        )
+        .group_by(turns.c.session_id)
+        .subquery("turn_stats")
+    )
+    first_version = (
+        select(turns.c.weight_version)
+        .where(turns.c.session_id == sessions.c.id)
+        .order_by(turns.c.seq)
+        .limit(1)
+        .scalar_subquery()
+    )
+    included = and_(
+        sessions.c.termination.is_not(None),
+        sessions.c.termination.not_in(sorted(EXCLUDED_TERMINATIONS)),
+    )
+    inner = (
+        select(
+            sessions.c.id,
+            sessions.c.task_id,
+            sessions.c.group_id,
+            sessions.c.sample_index,
+            sessions.c.status,
+            sessions.c.termination,
+            sessions.c.reward,
+            sessions.c.created_at,
+            first_version.label("version"),
+            func.coalesce(stats.c.turns, 0).label("turns"),
+            (func.coalesce(stats.c.output_bytes, 0) / _IDS_WIDTH).label("output_tokens"),
+            func.coalesce(stats.c.malformed, 0).label("malformed"),
+            case((included, 1), else_=0).label("included"),
+            case(
+                (and_(included, sessions.c.reward >= SOLVED_REWARD), 1),
+                else_=0,
+            ).label("solved"),
+        )
+        .outerjoin(stats, stats.c.session_id == sessions.c.id)
+        .where(sessions.c.run_id == run_id)
+        .subquery("inner_facts")
+    )
+    return select(inner, rank_of(inner.c.version, order).label("rank")).subquery("facts")

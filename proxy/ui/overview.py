@@ -1,0 +1,211 @@
+"""The run overview's numbers, aggregated in SQL with a fixed number of statements.
+
+Contract: ``load_overview(engine, run_id)`` raises ``NotFound`` for an unknown run and
+otherwise returns an ``Overview``: per weight version (in policy order) the sessions by
+termination reason, mean reward and solve rate over sessions that count for training,
+turns per trajectory, response length (sampled tokens per trajectory), malformed tool
+calls per turn, and the share of zero-variance prompt groups (all failed: 0/N, all
+solved: N/N; groups of two or more graded samples, attributed to the version of their
+earliest sample); plus the trainer's alignment reports by step. The statement count does
+not depend on the run's size, so a 1,000-session run costs what a 10-session run does.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from sqlalchemy import Subquery, and_, case, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from proxy.errors import NotFound
+from proxy.ui.facts import session_facts, version_order
+from recorder.schema import alignment_reports, runs
+
+NO_VERSION = "(no turns)"
+ALIGNMENT_STEPS = 2000  # the most recent steps charted; older ones are summarized away
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStats:
+    version: str
+    sessions: int
+    graded: int  # finished with a termination that counts for training
+    mean_reward: float | None
+    solve_rate: float | None
+    turns_per_trajectory: float | None
+    response_tokens: float | None
+    malformed_per_turn: float | None
+    groups: int = 0
+    all_failed_groups: int = 0
+    all_solved_groups: int = 0
+    terminations: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def zero_variance_share(self) -> float | None:
+        if not self.groups:
+            return None
+        return (self.all_failed_groups + self.all_solved_groups) / self.groups
+
+
+@dataclass(frozen=True, slots=True)
+class AlignmentPoint:
+    step: int
+    weight_version: str
+    metrics: Mapping[str, float | None]
+    flagged: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    run_id: str
+    run_name: str
+    sessions: int
+    active: int
+    versions: tuple[VersionStats, ...]
+    alignment: tuple[AlignmentPoint, ...]
+    termination_reasons: tuple[str, ...]
+
+
+async def load_overview(engine: AsyncEngine, run_id: str) -> Overview:
+    async with engine.connect() as conn:
+        run = (await conn.execute(select(runs.c.name).where(runs.c.id == run_id))).first()
+        if run is None:
+            raise NotFound(f"no run {run_id!r}")
+        order = await version_order(conn, run_id)
+        facts = session_facts(run_id, order)
+        per_version = await _per_version(conn, facts)
+        terminations = await _terminations(conn, facts)
+        groups = await _groups(conn, facts, order)
+        alignment = await _alignment(conn, run_id)
+    rank = {v: i for i, v in enumerate(order)}
+    versions = sorted(per_version, key=lambda v: rank.get(v, len(rank)))
+    stats = tuple(
+        replace(
+            per_version[v],
+            terminations=terminations.get(v, {}),
+            groups=groups.get(v, (0, 0, 0))[0],
+            all_failed_groups=groups.get(v, (0, 0, 0))[1],
+            all_solved_groups=groups.get(v, (0, 0, 0))[2],
+        )
+        for v in versions
+    )
+    reasons = sorted({r for counts in terminations.values() for r in counts})
+    return Overview(
+        run_id=run_id,
+        run_name=str(run.name),
+        sessions=sum(s.sessions for s in stats),
+        active=sum(s.terminations.get("active", 0) for s in stats),
+        versions=stats,
+        alignment=alignment,
+        termination_reasons=tuple(reasons),
+    )
+
+
+def _ratio(numerator: float | int | None, denominator: float | int | None) -> float | None:
+    if not denominator:
+        return None
+    return float(numerator or 0) / float(denominator)
+
+
+def _version(value: str | None) -> str:
+    return value if value else NO_VERSION
+
+
+async def _per_version(conn: AsyncConnection, facts: Subquery) -> dict[str, VersionStats]:
+    graded = facts.c.included == 1
+    query = select(
+        facts.c.version,
+        func.count().label("sessions"),
+        func.sum(facts.c.included).label("graded"),
+        func.sum(case((graded, facts.c.reward), else_=0.0)).label("reward_sum"),
+        func.sum(case((and_(graded, facts.c.reward.is_not(None)), 1), else_=0)).label("rewarded"),
+        func.sum(facts.c.solved).label("solved"),
+        func.sum(facts.c.turns).label("turns"),
+        func.sum(case((facts.c.turns > 0, 1), else_=0)).label("with_turns"),
+        func.sum(facts.c.output_tokens).label("output_tokens"),
+        func.sum(facts.c.malformed).label("malformed"),
+    ).group_by(facts.c.version)
+    result: dict[str, VersionStats] = {}
+    for row in await conn.execute(query):
+        version = _version(row.version)
+        result[version] = VersionStats(
+            version=version,
+            sessions=int(row.sessions),
+            graded=int(row.graded or 0),
+            mean_reward=_ratio(row.reward_sum, row.rewarded),
+            solve_rate=_ratio(row.solved, row.graded),
+            turns_per_trajectory=_ratio(row.turns, row.with_turns),
+            response_tokens=_ratio(row.output_tokens, row.with_turns),
+            malformed_per_turn=_ratio(row.malformed, row.turns),
+        )
+    return result
+
+
+async def _terminations(conn: AsyncConnection, facts: Subquery) -> dict[str, dict[str, int]]:
+    # An unfinished session has no termination yet; it shows as "active".
+    reason = func.coalesce(facts.c.termination, "active")
+    query = select(facts.c.version, reason.label("reason"), func.count().label("n")).group_by(
+        facts.c.version, reason
+    )
+    result: dict[str, dict[str, int]] = defaultdict(dict)
+    for row in await conn.execute(query):
+        result[_version(row.version)][str(row.reason)] = int(row.n)
+    return dict(result)
+
+
+async def _groups(
+    conn: AsyncConnection, facts: Subquery, order: list[str]
+) -> dict[str, tuple[int, int, int]]:
+    """Per version: (groups, all failed, all solved)."""
+    graded = facts.c.included == 1
+    per_group = (
+        select(
+            func.count().label("n"),
+            func.sum(facts.c.solved).label("solved"),
+            func.min(facts.c.rank).label("rank"),
+        )
+        .where(graded, facts.c.reward.is_not(None))
+        .group_by(facts.c.group_id)
+        .having(func.count() >= 2)
+        .subquery("per_group")
+    )
+    query = select(
+        per_group.c.rank,
+        func.count().label("groups"),
+        func.sum(case((per_group.c.solved == 0, 1), else_=0)).label("all_failed"),
+        func.sum(case((per_group.c.solved == per_group.c.n, 1), else_=0)).label("all_solved"),
+    ).group_by(per_group.c.rank)
+    result: dict[str, tuple[int, int, int]] = {}
+    for row in await conn.execute(query):
+        version = order[row.rank] if row.rank is not None else NO_VERSION
+        result[version] = (int(row.groups), int(row.all_failed or 0), int(row.all_solved or 0))
+    return result
+
+
+async def _alignment(conn: AsyncConnection, run_id: str) -> tuple[AlignmentPoint, ...]:
+    query = (
+        select(
+            alignment_reports.c.step,
+            alignment_reports.c.weight_version,
+            alignment_reports.c.metrics,
+            alignment_reports.c.flagged,
+        )
+        .where(alignment_reports.c.run_id == run_id)
+        .order_by(alignment_reports.c.step.desc())
+        .limit(ALIGNMENT_STEPS)
+    )
+    points = [
+        AlignmentPoint(
+            step=int(row.step),
+            weight_version=str(row.weight_version),
+            metrics={
+                str(k): float(v) if isinstance(v, int | float) else None
+                for k, v in dict(row.metrics or {}).items()
+            },
+            flagged=bool(row.flagged),
+        )
+        for row in await conn.execute(query)
+    ]
+    return tuple(reversed(points))

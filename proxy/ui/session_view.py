@@ -1,0 +1,195 @@
+"""One session as the Live UI shows it: the tree of turns, with what each turn saw and did.
+
+Contract: ``load_session(engine, session_id, decode)`` raises ``NotFound`` for an unknown
+session and otherwise returns a ``SessionView`` in two SQL statements. Turns come in tree
+order (depth-first from each root, children by seq) with their depth, classification and
+fork reason, the messages the turn added to its parent's conversation (all of them for a
+root), the reply's text, reasoning and tool calls, the finish reason, the timings, and
+up to ``MAX_TOKENS`` sampled tokens with their logprobs. ``decode`` turns one token id
+into its text (the served tokenizer); it is only called for the tokens shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from proxy.errors import NotFound
+from recorder import codec
+from recorder.schema import sessions, turns
+
+MAX_TOKENS = 2000  # per turn; the rest is summarized, so a long answer stays readable
+TokenDecoder = Callable[[int], str]
+
+
+@dataclass(frozen=True, slots=True)
+class ShownMessage:
+    role: str
+    content: str
+    reasoning: str | None
+    tool_calls: tuple[tuple[str, str], ...]  # (name, arguments)
+    tool_call_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnView:
+    id: str
+    seq: int
+    depth: int
+    parent_turn_id: str | None
+    classification: str
+    fork_reason: str | None
+    status: str
+    finish_reason: str
+    weight_version: str
+    adapter: str
+    error: str | None
+    prompt_tokens: int
+    output_tokens: int
+    malformed_tool_calls: int
+    first_token_s: float | None
+    finished_s: float | None
+    backend_s: float | None
+    new_messages: tuple[ShownMessage, ...]
+    reply: ShownMessage
+    tokens: tuple[SampledToken, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    id: str
+    run_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    harness: str
+    status: str
+    termination: str | None
+    reward: float | None
+    turns: tuple[TurnView, ...]
+
+
+def _message(data: Mapping[str, Any], default_role: str = "assistant") -> ShownMessage:
+    calls = data.get("tool_calls") or ()
+    return ShownMessage(
+        role=str(data.get("role") or default_role),
+        content=str(data.get("content") or ""),
+        reasoning=data.get("reasoning") or None,
+        tool_calls=tuple(
+            (str(c.get("name", "")), str(c.get("arguments", "")))
+            for c in calls
+            if isinstance(c, Mapping)
+        ),
+        tool_call_id=data.get("tool_call_id"),
+    )
+
+
+def _json(blob: bytes) -> Any:
+    # Records written before a field existed hold b""; show them as empty, not as an error.
+    return orjson.loads(blob) if blob else {}
+
+
+async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecoder) -> SessionView:
+    query = (
+        select(
+            turns.c.id,
+            turns.c.seq,
+            turns.c.parent_turn_id,
+            turns.c.classification,
+            turns.c.fork_reason,
+            turns.c.status,
+            turns.c.finish_reason,
+            turns.c.weight_version,
+            turns.c.adapter,
+            turns.c.error,
+            turns.c.prompt_offset,
+            turns.c.prompt_ids,
+            turns.c.output_ids,
+            turns.c.logprobs,
+            turns.c.malformed_tool_calls,
+            turns.c.first_token_s,
+            turns.c.finished_s,
+            turns.c.backend_s,
+            turns.c.request_messages,
+            turns.c.response_message,
+        )
+        .where(turns.c.session_id == session_id)
+        .order_by(turns.c.seq)
+    )
+    async with engine.connect() as conn:
+        session = (await conn.execute(select(sessions).where(sessions.c.id == session_id))).first()
+        if session is None:
+            raise NotFound(f"no session {session_id!r}")
+        rows = (await conn.execute(query)).all()
+
+    by_id = {row.id: row for row in rows}
+    children: dict[str | None, list[Any]] = {}
+    for row in rows:
+        parent = row.parent_turn_id if row.parent_turn_id in by_id else None
+        children.setdefault(parent, []).append(row)
+    message_counts = {
+        row.id: len(_json(row.request_messages).get("messages") or ()) for row in rows
+    }
+
+    views: list[TurnView] = []
+    stack = [(row, 0) for row in reversed(children.get(None, []))]
+    while stack:
+        row, depth = stack.pop()
+        views.append(_turn_view(row, depth, message_counts, decode))
+        stack.extend((child, depth + 1) for child in reversed(children.get(row.id, [])))
+    return SessionView(
+        id=str(session.id),
+        run_id=str(session.run_id),
+        task_id=str(session.task_id),
+        group_id=str(session.group_id),
+        sample_index=int(session.sample_index),
+        harness=str(session.harness),
+        status=str(session.status),
+        termination=session.termination,
+        reward=None if session.reward is None else float(session.reward),
+        turns=tuple(views),
+    )
+
+
+def _turn_view(
+    row: Any, depth: int, message_counts: Mapping[str, int], decode: TokenDecoder
+) -> TurnView:
+    messages = _json(row.request_messages).get("messages") or []
+    # A continuation repeats its parent's messages and reply; show only what it added.
+    skip = message_counts[row.parent_turn_id] + 1 if row.parent_turn_id in message_counts else 0
+    output_ids = codec.decode_ids(row.output_ids)
+    logprobs = codec.decode_logprobs(row.logprobs)
+    shown = zip(output_ids[:MAX_TOKENS], logprobs[:MAX_TOKENS], strict=False)
+    return TurnView(
+        id=str(row.id),
+        seq=int(row.seq),
+        depth=depth,
+        parent_turn_id=row.parent_turn_id,
+        classification=str(row.classification),
+        fork_reason=row.fork_reason,
+        status=str(row.status),
+        finish_reason=str(row.finish_reason),
+        weight_version=str(row.weight_version),
+        adapter=str(row.adapter),
+        error=row.error,
+        prompt_tokens=int(row.prompt_offset) + len(row.prompt_ids) // 4,
+        output_tokens=len(output_ids),
+        malformed_tool_calls=int(row.malformed_tool_calls),
+        first_token_s=row.first_token_s,
+        finished_s=row.finished_s,
+        backend_s=row.backend_s,
+        new_messages=tuple(_message(m, "user") for m in messages[skip:] if isinstance(m, Mapping)),
+        reply=_message(_json(row.response_message)),
+        tokens=tuple(SampledToken(decode(i), lp) for i, lp in shown),
+    )

@@ -1,0 +1,255 @@
+"""The Live UI's SQL against seeded runs on SQLite and Postgres: numbers, sorting, paging,
+the constant statement count on a 1,000-session run, and the collapse check."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from proxy.errors import InvalidRequest, NotFound
+from proxy.ui.collapse import trend
+from proxy.ui.overview import load_overview
+from proxy.ui.pages import Pages, collapse_rows
+from proxy.ui.session_view import load_session
+from proxy.ui.tables import load_runs, load_sessions, load_tasks
+from recorder.database import create_engine
+from tests.proxy.ui.seed import SeededRun, seed_run
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(database_url)
+    yield engine
+    await engine.dispose()
+
+
+@contextmanager
+def count_statements(engine: AsyncEngine) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def on_execute(*args: Any) -> None:
+        seen.append(str(args[2]))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", on_execute)
+    try:
+        yield seen
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", on_execute)
+
+
+def mixed_plan(v: int, n: int) -> tuple[str | None, float | None, int, int, int]:
+    """Deterministic mix: solves, failures, an excluded env failure, an active session."""
+    if n % 7 == 6:
+        return ("env_setup_failure", None, 1, 5, 0)
+    if n % 11 == 10:
+        return (None, None, 2, 5, 0)
+    solved = (n + v) % 3 == 0
+    return ("completed", 1.0 if solved else 0.0, 1 + n % 4, 10 + 5 * v + n % 3, n % 5 == 0)
+
+
+async def seed_mixed(url: str, versions: int = 3, groups: int = 4) -> SeededRun:
+    return await seed_run(
+        url, versions=versions, groups_per_version=groups, group_size=4, plan=mixed_plan, tasks=3
+    )
+
+
+async def test_overview_matches_an_independent_count(database_url: str, engine: AsyncEngine):
+    run = await seed_mixed(database_url)
+    overview = await load_overview(engine, run.id)
+
+    assert [v.version for v in overview.versions] == list(run.versions)
+    assert overview.sessions == len(run.sessions)
+    assert overview.active == sum(s.termination is None for s in run.sessions)
+    for stats in overview.versions:
+        mine = [s for s in run.sessions if s.version == stats.version]
+        graded = [s for s in mine if s.termination == "completed"]
+        assert stats.sessions == len(mine)
+        assert stats.graded == len(graded)
+        assert stats.mean_reward == pytest.approx(statistics.mean(s.reward or 0 for s in graded))
+        assert stats.solve_rate == pytest.approx(sum(s.reward == 1.0 for s in graded) / len(graded))
+        assert stats.turns_per_trajectory == pytest.approx(statistics.mean(s.turns for s in mine))
+        assert stats.response_tokens == pytest.approx(
+            statistics.mean(s.turns * s.output_tokens for s in mine)
+        )
+        assert stats.malformed_per_turn == pytest.approx(
+            sum(s.malformed for s in mine) / sum(s.turns for s in mine)
+        )
+        reasons: dict[str, int] = defaultdict(int)
+        for s in mine:
+            reasons[s.termination or "active"] += 1
+        assert dict(stats.terminations) == reasons
+        by_group: dict[str, list[float]] = defaultdict(list)
+        for s in graded:
+            by_group[s.group_id].append(s.reward or 0.0)
+        groups = [r for r in by_group.values() if len(r) >= 2]
+        assert stats.groups == len(groups)
+        assert stats.all_failed_groups == sum(all(x < 1 for x in r) for r in groups)
+        assert stats.all_solved_groups == sum(all(x >= 1 for x in r) for r in groups)
+
+
+async def test_unknown_run_and_bad_arguments_raise(engine: AsyncEngine):
+    with pytest.raises(NotFound):
+        await load_overview(engine, "nope")
+    with pytest.raises(NotFound):
+        await load_tasks(engine, "nope")
+    with pytest.raises(NotFound):
+        await load_session(engine, "nope", str)
+
+
+async def test_tasks_compare_first_and_latest_version_and_sort(
+    database_url: str, engine: AsyncEngine
+):
+    run = await seed_mixed(database_url)
+    expected: dict[str, tuple[float, float]] = {}
+    for task in {s.task_id for s in run.sessions}:
+        graded = [s for s in run.sessions if s.task_id == task and s.termination == "completed"]
+        first = min(s.version for s in graded)
+        latest = max(s.version for s in graded)
+
+        def rate(version: str, graded: list[Any] = graded) -> float:
+            at = [s for s in graded if s.version == version]
+            return sum(s.reward == 1.0 for s in at) / len(at)
+
+        expected[task] = (rate(first), rate(latest))
+
+    page = await load_tasks(engine, run.id, "task")
+    assert [t.task_id for t in page.rows] == sorted(expected)
+    for row in page.rows:
+        assert (row.first_rate, row.latest_rate) == pytest.approx(expected[row.task_id])
+        assert row.first_version == run.versions[0]
+        assert row.latest_version == run.versions[-1]
+
+    by_change = await load_tasks(engine, run.id, "-change")
+    changes = [t.change for t in by_change.rows]
+    assert changes == sorted(changes, reverse=True)
+    with pytest.raises(InvalidRequest):
+        await load_tasks(engine, run.id, "reward; drop table runs")
+
+
+async def test_sessions_and_runs_paginate_in_sql(database_url: str, engine: AsyncEngine):
+    run = await seed_mixed(database_url)
+    first = await load_sessions(engine, run.id, page=1, size=20)
+    second = await load_sessions(engine, run.id, page=2, size=20)
+    assert first.total == len(run.sessions) == 48
+    assert first.pages == 3
+    assert len(first.rows) == 20
+    assert not {r.id for r in first.rows} & {r.id for r in second.rows}
+    runs = await load_runs(engine)
+    assert any(r.id == run.id and r.sessions == 48 for r in runs.rows)
+
+
+async def test_a_thousand_session_run_costs_the_same_statements_as_a_small_one(
+    database_url: str, engine: AsyncEngine
+):
+    small = await seed_mixed(database_url, versions=2, groups=2)
+    big = await seed_mixed(database_url, versions=10, groups=25)
+    assert len(big.sessions) == 1000
+    pages = Pages()
+    counts = []
+    for run in (small, big):
+        with count_statements(engine) as statements:
+            started = time.perf_counter()
+            html = pages.overview(await load_overview(engine, run.id))
+            html += pages.tasks(run.id, await load_tasks(engine, run.id, "-latest"), "-latest")
+            html += pages.sessions(run.id, await load_sessions(engine, run.id, page=3))
+            elapsed = time.perf_counter() - started
+        counts.append(len(statements))
+        assert run.name in html
+    assert counts[0] == counts[1]
+    assert elapsed < 2.0  # generous: it takes a few tens of milliseconds
+
+
+async def test_session_view_is_the_tree_with_new_messages_and_tokens(
+    database_url: str, engine: AsyncEngine
+):
+    run = await seed_run(
+        database_url,
+        versions=1,
+        groups_per_version=1,
+        group_size=1,
+        plan=lambda v, n: ("completed", 1.0, 3, 4, 1),
+    )
+    view = await load_session(engine, run.sessions[0].id, lambda token: f"<{token}>")
+    assert [t.seq for t in view.turns] == [0, 1, 2]
+    assert [t.depth for t in view.turns] == [0, 1, 2]
+    assert [t.classification for t in view.turns] == ["root", "extend", "extend"]
+    # The root shows its whole conversation; a continuation only the tool result it added.
+    assert [m.role for m in view.turns[0].new_messages] == ["user"]
+    assert [(m.role, m.content) for m in view.turns[2].new_messages] == [("tool", "result 1")]
+    assert view.turns[2].reply.tool_calls == (("bash", "{}"),)
+    assert [t.text for t in view.turns[0].tokens] == ["<100>", "<101>", "<102>", "<103>"]
+    assert view.turns[0].tokens[1].logprob == pytest.approx(-1.01)
+    assert view.turns[2].malformed_tool_calls == 1
+    html = Pages().session(view)
+    assert "&lt;100&gt;" in html
+    assert "result 1" in html
+
+
+def collapsing_plan(v: int, n: int) -> tuple[str | None, float | None, int, int, int]:
+    """Reward falls and responses shrink over versions; turns per trajectory stay flat."""
+    rng = random.Random(v * 1000 + n)
+    solved = rng.random() < 0.8 - 0.07 * v
+    turns = 3 + (n % 3) - 1  # the same spread at every version
+    return ("completed", 1.0 if solved else 0.0, turns, 60 - 5 * v + rng.randint(-2, 2), 0)
+
+
+async def test_collapse_check_flags_falling_reward_and_shrinking_responses(
+    database_url: str, engine: AsyncEngine
+):
+    rng = random.Random(7)
+    alignment: list[dict[str, float | None]] = [
+        {
+            "pearson_r": 0.999 + rng.uniform(-5e-4, 5e-4),  # flat and noisy
+            "entropy": 0.13 + 0.01 * step + rng.uniform(-0.003, 0.003),  # rising
+        }
+        for step in range(12)
+    ]
+    run = await seed_run(
+        database_url,
+        versions=10,
+        groups_per_version=4,
+        group_size=8,
+        plan=collapsing_plan,
+        alignment=alignment,
+    )
+    overview = await load_overview(engine, run.id)
+    trends = {row.trend.series: row.trend for row in collapse_rows(overview)}
+
+    assert trends["mean reward"].flagged
+    assert trends["mean reward"].direction == "falling"
+    assert trends["solve rate"].flagged
+    assert trends["response length (tokens)"].direction == "falling"
+    assert trends["entropy"].direction == "rising"
+    assert not trends["turns per trajectory"].flagged
+    assert not trends["pearson_r"].flagged
+    assert trends["pearson_r"].points == 12
+    assert trends["mean reward"].first is not None
+    assert trends["mean reward"].last is not None
+    assert trends["mean reward"].first > trends["mean reward"].last
+    html = Pages().overview(overview)
+    assert 'data-series="mean reward" data-flagged="yes"' in html
+    assert 'data-series="turns per trajectory" data-flagged="no"' in html
+
+
+def test_trend_statistics_by_hand():
+    # y = 2x + noise with known residuals: slope and t checked against the textbook formula.
+    ys = [0.1, 2.0, 3.9, 6.2, 7.8]
+    result = trend("s", ys)
+    assert result.slope == pytest.approx(1.96)
+    residuals = [y - (0.08 + 1.96 * x) for x, y in enumerate(ys)]
+    stderr = (sum(r * r for r in residuals) / 3 / 10) ** 0.5
+    assert result.t == pytest.approx(1.96 / stderr)
+    assert trend("flat", [1.0, 1.0, 1.0, 1.0]).t == 0.0
+    assert not trend("flat", [1.0, 1.0, 1.0, 1.0]).flagged
+    assert trend("line", [1.0, 2.0, 3.0]).t == float("inf")
+    assert trend("short", [1.0, 5.0]).t is None
+    assert trend("gaps", [None, 1.0, None, 2.0, 3.1]).points == 3
