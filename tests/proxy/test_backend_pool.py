@@ -1,0 +1,155 @@
+"""The backend pool: sessions pinned to workers by rendezvous hashing, failover before a
+turn is sent, retryable errors for turns a dying worker broke, health probes.
+
+Workers are recording taps in front of one real zero-compute engine, each on its own
+loopback port, so a test can see which worker served a turn and can stop one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.config import EngineConfig
+from proxy.backend import GenerateCall, GenerationEnd, SGLangBackend, rendezvous_order
+from proxy.errors import BackendError, BackendUnavailable
+from proxy.threaded import free_port, serve
+from tests.support.engine_server import running_engine
+from tests.support.tap import BackendTap
+
+
+@pytest.fixture(scope="module")
+def zero_engine(tiny_model_dir: Path) -> Iterator[str]:
+    with running_engine(EngineConfig(model_path=tiny_model_dir, zero_compute=True)) as url:
+        yield url
+
+
+@pytest.fixture
+def taps(zero_engine: str) -> Iterator[list[BackendTap]]:
+    with ExitStack() as stack:
+        workers = []
+        for _ in range(3):
+            tap = BackendTap(upstream=zero_engine)
+            tap.url = stack.enter_context(serve(tap.app()))
+            workers.append(tap)
+        yield workers
+
+
+def call(key: str, rid: str) -> GenerateCall:
+    return GenerateCall(
+        input_ids=(1, 2, 3),
+        sampling_params={"max_new_tokens": 4},
+        rid=rid,
+        routing_key=key,
+    )
+
+
+async def run(backend: SGLangBackend, generate: GenerateCall) -> GenerationEnd:
+    end = None
+    async for item in backend.generate(generate):
+        if isinstance(item, GenerationEnd):
+            end = item
+    assert end is not None
+    return end
+
+
+def served_by(taps: list[BackendTap], rid: str) -> list[str]:
+    return [t.url for t in taps for ex in t.generates if ex.body["rid"] == rid]
+
+
+def test_rendezvous_moves_only_the_keys_of_a_removed_worker() -> None:
+    urls = [f"http://w{i}:30000" for i in range(4)]
+    keys = [f"session-{i}" for i in range(400)]
+    before = {k: rendezvous_order(k, urls)[0] for k in keys}
+    after = {k: rendezvous_order(k, urls[1:])[0] for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert moved == [k for k in keys if before[k] == urls[0]]
+    assert 60 < len(moved) < 140  # about a quarter of the keys
+    assert rendezvous_order("session-7", urls) == rendezvous_order("session-7", urls[::-1])
+
+
+async def test_a_session_sticks_to_one_worker_and_sessions_spread(
+    taps: list[BackendTap],
+) -> None:
+    async with httpx.AsyncClient() as client:
+        backend = SGLangBackend(client, [t.url for t in taps], None)
+        for i in range(24):
+            for turn in range(2):
+                await run(backend, call(f"s{i}", f"s{i}-t{turn}"))
+        for i in range(24):
+            first, second = served_by(taps, f"s{i}-t0"), served_by(taps, f"s{i}-t1")
+            assert first == second == [backend.route(f"s{i}")[0]]
+        assert all(t.generates for t in taps)
+
+
+async def test_a_refused_connection_moves_the_turn_to_the_next_worker(
+    taps: list[BackendTap],
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with httpx.AsyncClient() as client:
+        backend = SGLangBackend(client, [dead, taps[0].url], None)
+        key = next(k for k in (f"k{i}" for i in range(100)) if backend.route(k)[0] == dead)
+        end = await run(backend, call(key, "moved"))
+        assert end.finish.type in ("stop", "length")
+        assert served_by(taps, "moved") == [taps[0].url]
+        assert not backend.is_up(dead)
+        assert backend.route(key) == [taps[0].url, dead]  # new sessions avoid it
+
+        lonely = SGLangBackend(client, [dead], None)
+        with pytest.raises(BackendUnavailable):
+            await run(lonely, call(key, "nowhere"))
+
+
+async def test_a_broken_stream_is_a_retryable_error_and_the_retry_goes_elsewhere(
+    taps: list[BackendTap],
+) -> None:
+    async with httpx.AsyncClient() as client:
+        backend = SGLangBackend(client, [t.url for t in taps], None)
+        victim = backend.route("victim")[0]
+        tap = next(t for t in taps if t.url == victim)
+        tap.drop_after_chunks_once = 0
+        with pytest.raises(BackendError) as caught:
+            await run(backend, call("victim", "broken"))
+        assert caught.value.retryable
+        assert not isinstance(caught.value, BackendUnavailable)
+        assert not backend.is_up(victim)
+
+        await run(backend, call("victim", "retry"))
+        (retried_on,) = served_by(taps, "retry")
+        assert retried_on != victim
+
+        # The worker still answers its health check, so a probe brings it back.
+        assert (await backend.probe())[victim]
+        await run(backend, call("victim", "back"))
+        assert served_by(taps, "back") == [victim]
+
+
+async def test_the_background_probe_marks_a_restarted_worker_up(zero_engine: str) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient() as client:
+        backend = SGLangBackend(client, [url, zero_engine], None, health_interval_s=0.05)
+        assert not (await backend.probe())[url]
+        backend.start()
+        try:
+            tap = BackendTap(upstream=zero_engine)
+            with serve(tap.app(), port=port):
+                for _ in range(100):
+                    if backend.is_up(url):
+                        break
+                    await asyncio.sleep(0.05)
+                assert backend.is_up(url)
+        finally:
+            await backend.close()
+
+
+async def test_an_abort_of_a_finished_rid_reaches_every_worker(taps: list[BackendTap]) -> None:
+    async with httpx.AsyncClient() as client:
+        backend = SGLangBackend(client, [t.url for t in taps], None)
+        await backend.abort("gone")
+        assert all(t.aborts == [{"rid": "gone"}] for t in taps)
