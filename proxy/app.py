@@ -9,30 +9,40 @@ in one process share nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
 from engine.tiny import default_model_dir
+from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
+from proxy.adapters.openai_responses import OpenAIResponsesAdapter
+from proxy.adapters.signing import ReasoningSigner
 from proxy.backend import ExpertShape, SGLangBackend
 from proxy.embedded import EmbeddedEngine
 from proxy.errors import LegoError, NotFound
+from proxy.gate import RunGate
 from proxy.ledger import LedgerBook
 from proxy.metrics import Metrics
 from proxy.pipeline import Pipeline
+from proxy.readiness import check_readiness
 from proxy.render import load_tokenizer
-from proxy.routes import control, inference
+from proxy.routes import control, export, inference, ui
 from proxy.sessions import SessionCache
 from proxy.settings import Settings
 from proxy.state import AppState
+from recorder.export import ExportStore
 from recorder.migrate import upgrade_database
+from recorder.spool import Spool
 from recorder.store import Store
 from recorder.writer import TurnWriter
 
@@ -51,34 +61,68 @@ def expert_shape(model_dir: Path) -> ExpertShape | None:
     return ExpertShape(num_layers=layers, top_k=top_k)
 
 
+async def _sync_pauses(
+    exports: ExportStore, gate: RunGate, settings: Settings, metrics: Metrics
+) -> None:
+    """Keep this replica's gate in step with the runs paused in the database."""
+    while True:
+        try:
+            gate.sync(await asyncio.wait_for(exports.paused_runs(), 1.0))
+        except (TimeoutError, LegoError):
+            # Deliberately swallowed: a database outage must not stop inference; the gate
+            # keeps its last known state until the next poll succeeds.
+            metrics.pause_sync_failures.inc()
+        await asyncio.sleep(settings.pause_sync_s)
+
+
 def create_app(settings: Settings) -> FastAPI:
     metrics = Metrics()
     chat_adapter = OpenAIChatAdapter()
+    signer = ReasoningSigner(settings.effective_signing_secret)
+    messages_adapter = AnthropicMessagesAdapter(signer)
+    responses_adapter = OpenAIResponsesAdapter(signer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine: EmbeddedEngine | None = None
-        backend_url = settings.backend_url
+        backend_urls = settings.backend_urls
         model_dir = settings.tokenizer_path or default_model_dir(settings.data_dir)
-        if backend_url is None:
+        if not backend_urls:
             engine = EmbeddedEngine(
                 model_dir=settings.tokenizer_path,
                 data_dir=settings.data_dir,
                 extra_args=settings.engine_args,
             )
             await engine.start()
-            backend_url = engine.url
+            backend_urls = (engine.url,)
         client = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.backend_timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
         store = await Store.open(settings.effective_database_url)
+        exports = ExportStore.open(settings.effective_database_url)
         writer: TurnWriter | None = None
+        backend = SGLangBackend(
+            client,
+            backend_urls,
+            expert_shape(model_dir),
+            health_interval_s=settings.backend_health_interval_s,
+        )
         try:
             tokenizer = load_tokenizer(model_dir)
             await upgrade_database(settings.effective_database_url)
-            writer = TurnWriter(store)
+            # One spool directory per proxy (host + port), so a restart finds its own spool;
+            # spools of proxies that died elsewhere under the same root are adopted too.
+            spool_root = settings.data_dir / "spool"
+            spool = Spool.open(spool_root / f"{socket.gethostname()}-{settings.port}")
+            orphans = list(Spool.orphans(spool_root, spool.directory))
+            writer = TurnWriter(store, spool=spool, orphans=orphans, metrics=metrics)
             writer.start()
+            gate = RunGate(
+                metrics,
+                max_wait_s=settings.pause_max_wait_s,
+                retry_after_s=settings.pause_retry_after_s,
+            )
             sessions = SessionCache(store)
             ledger = LedgerBook(tokenizer, keep_reasoning=settings.keep_reasoning)
             ledger.self_check()  # refuse a template the ledger cannot render incrementally
@@ -86,12 +130,13 @@ def create_app(settings: Settings) -> FastAPI:
                 settings=settings,
                 tokenizer=tokenizer,
                 ledger=ledger,
-                backend=SGLangBackend(client, backend_url, expert_shape(model_dir)),
+                backend=backend,
                 store=store,
                 writer=writer,
-                sessions=sessions,
                 metrics=metrics,
+                gate=gate,
             )
+            app.state.lego_export = export.ExportState(store, exports, writer, gate, metrics)
             state = AppState(
                 settings=settings,
                 metrics=metrics,
@@ -99,27 +144,48 @@ def create_app(settings: Settings) -> FastAPI:
                 writer=writer,
                 sessions=sessions,
                 pipeline=pipeline,
-                adapters={chat_adapter.name: chat_adapter},
+                adapters={
+                    adapter.name: adapter
+                    for adapter in (chat_adapter, messages_adapter, responses_adapter)
+                },
                 served_model_name=model_dir.name,
                 models_response=models_response,
             )
             app.state.lego = state
+            app.state.lego_backend = backend
+            backend.start()
+            pause_sync = asyncio.create_task(_sync_pauses(exports, gate, settings, metrics))
             yield
+            pause_sync.cancel()
         finally:
+            await backend.close()
             if writer is not None:
                 await writer.close()
+            await exports.close()
             await store.close()
             await client.aclose()
             if engine is not None:
                 await engine.stop()
 
     app = FastAPI(title="lego-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.include_router(inference.build_router(chat_adapter))
+    app.include_router(inference.build_router(chat_adapter, messages_adapter, responses_adapter))
     app.include_router(control.build_router(settings, chat_adapter.error_response))
+    app.include_router(export.build_router(settings, chat_adapter.error_response))
+    app.include_router(ui.build_router(settings))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> Response:
+        state: AppState = request.app.state.lego
+        verdict = await check_readiness(state.store, request.app.state.lego_backend)
+        return Response(
+            orjson.dumps(verdict.to_json()),
+            status_code=200 if verdict.ready else 503,
+            media_type="application/json",
+        )
 
     @app.get("/metrics")
     async def metrics_endpoint(request: Request) -> Response:

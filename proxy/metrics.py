@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32)
 
 
 class Metrics:
@@ -67,6 +68,17 @@ class Metrics:
             ["classification", "reason"],
             registry=r,
         )
+        self.ledger_reloads = Counter(
+            "lego_ledger_reloads",
+            "Checks of a session's recorded turns after a root or fork plan, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.pause_sync_failures = Counter(
+            "lego_pause_sync_failures",
+            "Failed reads of the paused runs (the gate keeps its last known state).",
+            registry=r,
+        )
         self.ignored_fields = Counter(
             "lego_ignored_request_fields",
             "Request fields accepted but not used.",
@@ -87,6 +99,105 @@ class Metrics:
             ["termination"],
             registry=r,
         )
+
+        self.recorder_spooled = Counter(
+            "lego_recorder_spooled_turns",
+            "Turns written to the local spool because the database was down or slow.",
+            registry=r,
+        )
+        self.recorder_replayed = Counter(
+            "lego_recorder_replayed_turns",
+            "Spooled turns replayed into the database.",
+            registry=r,
+        )
+        self.recorder_dropped = Counter(
+            "lego_recorder_dropped_turns",
+            "Turns the database can never accept (logged and dropped).",
+            registry=r,
+        )
+        self.recorder_spool_bytes = Gauge(
+            "lego_recorder_spool_bytes", "Bytes waiting in the local spool.", registry=r
+        )
+        self.recorder_spool_turns = Gauge(
+            "lego_recorder_spool_turns", "Turns waiting in the local spool.", registry=r
+        )
+        self.recorder_spool_age = Gauge(
+            "lego_recorder_spool_oldest_age_seconds",
+            "Age of the oldest spooled turn (0 when the spool is empty).",
+            registry=r,
+        )
+        self.paused_waits = Counter(
+            "lego_paused_turn_waits",
+            "New turns that waited for a paused run, by outcome (resumed | rejected).",
+            ["outcome"],
+            registry=r,
+        )
+        self.added_latency = Histogram(
+            "lego_added_latency_seconds",
+            "Turn duration minus time spent waiting on the backend: the proxy's own cost.",
+            ["adapter"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.recorder_write_latency = Histogram(
+            "lego_recorder_write_latency_seconds",
+            "Duration of one database write of a batch of turns.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.export_claims = Counter(
+            "lego_export_claims",
+            "Export claims answered, by whether they delivered any group (hit | empty).",
+            ["outcome"],
+            registry=r,
+        )
+        self.export_claimed_groups = Counter(
+            "lego_export_claimed_groups", "Prompt groups handed to trainers.", registry=r
+        )
+        self.export_lease_expiries = Counter(
+            "lego_export_lease_expiries",
+            "Batch leases that expired before their ack (their groups return to the pool).",
+            registry=r,
+        )
+        self.export_staleness = Histogram(
+            "lego_export_staleness_versions",
+            "Staleness of delivered groups: announced weight versions behind the current one.",
+            buckets=_STALENESS_BUCKETS,
+            registry=r,
+        )
+        self.export_stale_groups = Counter(
+            "lego_export_stale_groups",
+            "Complete groups held back by a claim's max_staleness.",
+            registry=r,
+        )
+        self.alignment_step = Gauge(
+            "lego_alignment_step",
+            "Latest trainer step that reported alignment.",
+            ["run"],
+            registry=r,
+        )
+        self.alignment_flagged = Counter(
+            "lego_alignment_flagged_steps",
+            "Trainer steps whose rollout/trainer alignment was flagged.",
+            ["run"],
+            registry=r,
+        )
+        self._alignment: dict[str, Gauge] = {}
+
+    def alignment_gauge(self, metric: str) -> Gauge:
+        """``lego_alignment_<metric>{run}``, created on first use (metric names come from
+        the trainer's report; non-identifier characters become ``_``)."""
+        name = "".join(c if c.isalnum() or c == "_" else "_" for c in metric).lower()
+        gauge = self._alignment.get(name)
+        if gauge is None:
+            gauge = Gauge(
+                f"lego_alignment_{name}",
+                f"Rollout/trainer alignment: {name} at the latest reported step.",
+                ["run"],
+                registry=self.registry,
+            )
+            self._alignment[name] = gauge
+        return gauge
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -8,12 +8,14 @@ Contract:
 - ``prepare`` plans the prompt ids with the history ledger (an exact continuation of an
   earlier turn, or a classified fork) and checks budgets; it raises before anything is
   sent or recorded, so bad input never leaves a half-written turn.
+- ``admit`` holds a new turn while its run is paused for a weight sync (429 past a bound).
 - ``run`` yields ``OutputEvent``s as the backend produces tokens and ends with one
-  ``TurnFinished``; a completed turn is committed to the ledger before that last event,
-  so the harness's next request can extend it. Every backend generation it started is recorded exactly once, when the
-  generator ends: ``completed`` when it ran to the end, ``failed`` when the backend or the
-  parser failed (the error is re-raised for the adapter), ``cancelled`` when the consumer
-  went away (the backend request is aborted by ``rid``).
+  ``TurnFinished``. Every backend generation it started is recorded exactly once: a
+  completed turn is committed to the ledger (so the next request can extend it) and
+  handed to the recorder before that last event; a turn that ends otherwise is recorded
+  when the generator ends, ``failed`` when the backend or the parser failed (the error is
+  re-raised for the adapter), ``cancelled`` when the consumer went away (the backend
+  request is aborted by ``rid``).
 - One harness request makes one backend generation, plus re-sends of ``prompt + partial
   output`` when the backend aborted it for a pause or weight update.
 """
@@ -45,10 +47,10 @@ from proxy.canonical import (
     Usage,
 )
 from proxy.errors import BackendError, ContextLengthExceeded, LegoError
-from proxy.ledger import Classification, LedgerBook, PromptPlan
+from proxy.gate import RunGate
+from proxy.ledger import Classification, ForkReason, LedgerBook, PromptPlan
 from proxy.metrics import Metrics
 from proxy.parsing.parser import OutputParser
-from proxy.sessions import SessionCache
 from proxy.settings import Settings
 from recorder.records import RoutedExperts, SessionInfo, TurnRecord, TurnStatus, TurnTimings
 from recorder.store import Store
@@ -124,6 +126,7 @@ class _Progress:
     resumptions: int = 0
     first_token_s: float | None = None
     backend_s: float = 0.0
+    spans: list[tuple[str, int, int]] = field(default_factory=list)  # per backend call
 
 
 class Pipeline:
@@ -136,27 +139,31 @@ class Pipeline:
         backend: SGLangBackend,
         store: Store,
         writer: TurnWriter,
-        sessions: SessionCache,
         metrics: Metrics,
+        gate: RunGate | None = None,
     ) -> None:
+        self._gate = gate
         self._settings = settings
         self._tokenizer = tokenizer
         self._ledger = ledger
         self._backend = backend
         self._store = store
         self._writer = writer
-        self._sessions = sessions
         self._metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
 
     # -- before anything is sent ------------------------------------------------
+    async def admit(self, session: SessionInfo) -> None:
+        """Hold a new turn while its run is paused (a weight sync); 429 past the bound."""
+        if self._gate is not None:
+            await self._gate.wait(session.spec.run_id)
+
     async def prepare(self, session: SessionInfo, request: ChatRequest) -> PreparedTurn:
         """Plan the prompt ids with the ledger; nothing is sent or recorded yet."""
         started = time.perf_counter()
-        if not self._ledger.has(session.id) and session.turn_count > 0:
-            # A restart, or a session created by another replica: rebuild its turn tree.
-            self._ledger.load(session.id, await self._store.list_turns(session.id))
         plan = self._ledger.plan(session.id, request)
+        if _may_be_stale(plan):
+            plan = await self._replan_if_stale(session, request, plan)
         prompt = plan.prompt_ids
         spec = session.spec
         prompt_budget = self._settings.context_length - 1
@@ -182,6 +189,38 @@ class Pipeline:
             started=started,
         )
 
+    async def _replan_if_stale(
+        self, session: SessionInfo, request: ChatRequest, plan: PromptPlan
+    ) -> PromptPlan:
+        """Rebuild the session's ledger from the database when it missed recorded turns.
+
+        A restarted proxy, or a replica that did not serve the turn a request continues,
+        would otherwise fork (or start a new root) where the request is a plain extend.
+        Another replica's newest turn may still be in its write queue, so a fork is checked
+        again briefly. The database is never waited on for more than a second per check:
+        when it is slow or down the plan stands, and the departure is recorded as such.
+        """
+        for attempt in range(_STALE_CHECKS):
+            try:
+                recorded = await asyncio.wait_for(
+                    self._store.count_completed_turns(session.id), _DB_WAIT_S
+                )
+                if recorded > self._ledger.size(session.id):
+                    turns = await asyncio.wait_for(self._store.list_turns(session.id), _DB_WAIT_S)
+                    self._ledger.load(session.id, turns)
+                    self._metrics.ledger_reloads.labels(outcome="reloaded").inc()
+                    plan = self._ledger.plan(session.id, request)
+                    if not _may_be_stale(plan):
+                        return plan
+            except (TimeoutError, LegoError):
+                # Deliberately swallowed: inference goes on without the database.
+                self._metrics.ledger_reloads.labels(outcome="database_unavailable").inc()
+                return plan
+            if not _continues_history(plan, request) or attempt + 1 == _STALE_CHECKS:
+                return plan
+            await asyncio.sleep(_STALE_RECHECK_S)
+        return plan
+
     # -- the turn -------------------------------------------------------------
     async def run(self, turn: PreparedTurn) -> AsyncGenerator[OutputEvent, None]:
         request = turn.request
@@ -197,6 +236,7 @@ class Pipeline:
         progress = _Progress()
         status = TurnStatus.FAILED
         error: str | None = None
+        recorded = False
         try:
             async for delta in self._generate(turn, progress):
                 events = parser.feed(delta.ids)
@@ -230,11 +270,16 @@ class Pipeline:
                 progress.message.canonical(),
                 turn.turn_id,
             )
+            # Recorded before the harness sees the end of its answer, so that no crash can
+            # fall between a completed response and its record.
+            self._record(turn, progress, parser, status, error)
+            recorded = True
             yield finished
         except (asyncio.CancelledError, GeneratorExit):
-            status = TurnStatus.CANCELLED
-            self._metrics.backend_aborts.labels(cause="client_disconnect").inc()
-            self._spawn(self._backend.abort(turn.turn_id))
+            if not recorded:
+                status = TurnStatus.CANCELLED
+                self._metrics.backend_aborts.labels(cause="client_disconnect").inc()
+                self._spawn(self._backend.abort(turn.turn_id))
             raise
         except LegoError as exc:
             error = exc.message
@@ -247,7 +292,8 @@ class Pipeline:
         finally:
             # Every turn that got this far is recorded, failures included, so that nothing
             # the harness saw (or failed to see) goes missing from the trajectory.
-            self._record(turn, progress, parser, status, error)
+            if not recorded:
+                self._record(turn, progress, parser, status, error)
 
     async def _generate(
         self, turn: PreparedTurn, progress: _Progress
@@ -268,6 +314,7 @@ class Pipeline:
                 else None,
             )
             began = time.perf_counter()
+            first = len(progress.output_ids)
             try:
                 async for item in self._backend.generate(call):
                     if isinstance(item, GenerationEnd):
@@ -280,6 +327,7 @@ class Pipeline:
                 progress.backend_s += time.perf_counter() - began
             end = progress.end
             assert end is not None
+            progress.spans.append((end.weight_version, first, len(progress.output_ids)))
             remaining = max_new - len(progress.output_ids)
             if end.finish.type != "abort" or remaining <= 0:
                 return
@@ -308,7 +356,7 @@ class Pipeline:
         record = TurnRecord(
             id=turn.turn_id,
             session_id=turn.session.id,
-            seq=self._sessions.next_seq(turn.session.id),
+            seq=int(turn.received_at * 1e6),
             adapter=turn.request.adapter,
             requested_model=turn.request.model,
             status=status,
@@ -329,6 +377,10 @@ class Pipeline:
             classification=turn.plan.classification.value,
             fork_reason=turn.plan.fork_reason.value if turn.plan.fork_reason else None,
             reused_prefix_len=turn.plan.reused_prefix_len,
+            # Only a turn that straddled a weight update needs spans.
+            weight_version_spans=tuple(progress.spans)
+            if len({span[0] for span in progress.spans}) > 1
+            else (),
             timings=TurnTimings(
                 received_at=turn.received_at,
                 first_token_s=progress.first_token_s,
@@ -343,6 +395,9 @@ class Pipeline:
         ).inc()
         self._metrics.turns.labels(adapter=adapter, status=status.value).inc()
         self._metrics.turn_duration.labels(adapter=adapter).observe(now)
+        self._metrics.added_latency.labels(adapter=adapter).observe(
+            max(0.0, now - progress.backend_s)
+        )
         if progress.first_token_s is not None:
             self._metrics.ttft.labels(adapter=adapter).observe(progress.first_token_s)
         self._metrics.prompt_tokens.inc(len(turn.prompt_ids))
@@ -354,6 +409,27 @@ class Pipeline:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+# Forks that are new conversations by nature; a stale ledger cannot be why they fork.
+_FRESH_FORKS = (ForkReason.SIDE_REQUEST, ForkReason.SUBAGENT)
+_STALE_CHECKS = 3
+_STALE_RECHECK_S = 0.1
+_DB_WAIT_S = 1.0
+
+
+def _may_be_stale(plan: PromptPlan) -> bool:
+    """A root or a fork may only mean this process has not seen the session's turns."""
+    if plan.classification is Classification.ROOT:
+        return True
+    return plan.classification is Classification.FORK and plan.fork_reason not in _FRESH_FORKS
+
+
+def _continues_history(plan: PromptPlan, request: ChatRequest) -> bool:
+    """Worth re-checking: the request carries answers the ledger should know by now."""
+    if plan.classification is Classification.FORK:
+        return True
+    return any(message.role == "assistant" for message in request.messages)
 
 
 def _experts_start(plan: PromptPlan) -> int:

@@ -1,6 +1,6 @@
 """Session lookup by key for the inference path, with an in-process cache.
 
-Owns: resolving a session key to an active session, and per-session turn sequence numbers.
+Owns: resolving a session key to an active session.
 Sessions created or finished through this process update the cache directly; a miss reads
 the database once (a replica restarted, or another replica created the session). The
 cache can always be rebuilt from the database.
@@ -20,12 +20,10 @@ class SessionCache:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._by_key: dict[str, SessionInfo] = {}
-        self._next_seq: dict[str, int] = {}
         self._lock = asyncio.Lock()
 
     def put(self, session: SessionInfo) -> None:
         self._by_key[session.key] = session
-        self._next_seq.setdefault(session.id, session.turn_count)
 
     async def active(self, key: str | None) -> SessionInfo:
         """The active session for ``key``; raises when unknown or finished."""
@@ -44,11 +42,6 @@ class SessionCache:
         if session.status is SessionStatus.FINISHED:
             raise Conflict(f"session {session.id} is finished ({session.termination})")
         return session
-
-    def next_seq(self, session_id: str) -> int:
-        seq = self._next_seq.get(session_id, 0)
-        self._next_seq[session_id] = seq + 1
-        return seq
 
     def finished(self, session: SessionInfo) -> None:
         self._by_key[session.key] = replace(session, status=SessionStatus.FINISHED)

@@ -36,7 +36,10 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(default_factory=default_data_dir)
     database_url: str | None = None  # unset: SQLite file in data_dir
-    backend_url: str | None = None  # unset: the embedded local engine
+    # unset: the embedded local engine. One URL (a worker or an sglang-router) or a
+    # comma-separated list of workers, each session pinned to one by rendezvous hashing.
+    backend_url: str | None = None
+    backend_health_interval_s: float = Field(default=5.0, gt=0)
     admin_key: str | None = None
     tokenizer_path: Path | None = None  # unset: the embedded engine's model
     tool_parser: ToolParser = ToolParser.QWEN3
@@ -50,6 +53,11 @@ class Settings(BaseSettings):
     # sequence per branch). False mimics templates that drop it at each new user query:
     # the branch then splits per turn; the recorded prompt ids are what the model saw.
     keep_reasoning: bool = True
+    # While a run is paused (weight sync), a new turn waits this long, then gets 429 with
+    # Retry-After so the harness's own retry comes back after the sync.
+    pause_max_wait_s: float = 30.0
+    pause_retry_after_s: float = 5.0
+    pause_sync_s: float = 0.5  # how often a replica reads which runs are paused
     engine_args: str = ""  # extra CLI args for the embedded engine (e.g. "--script f.json")
     signing_secret: str | None = None  # unset: derived from the admin key
 
@@ -61,6 +69,21 @@ class Settings(BaseSettings):
                 "'development'"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_backend_urls(self) -> Settings:
+        if self.backend_url is not None:
+            for url in self.backend_urls:
+                if not url.startswith(("http://", "https://")):
+                    raise ValueError(f"LEGO_BACKEND_URL entries must be http(s) URLs, got {url!r}")
+        return self
+
+    @property
+    def backend_urls(self) -> tuple[str, ...]:
+        """The workers in ``backend_url`` (empty when the embedded engine is used)."""
+        if self.backend_url is None:
+            return ()
+        return tuple(u.strip().rstrip("/") for u in self.backend_url.split(","))
 
     @property
     def effective_admin_key(self) -> str:

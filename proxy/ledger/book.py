@@ -57,6 +57,11 @@ class LedgerBook:
     def has(self, session_id: str) -> bool:
         return session_id in self._sessions
 
+    def size(self, session_id: str) -> int:
+        """Committed turns held for a session (0 when none)."""
+        tree = self._sessions.get(session_id)
+        return len(tree.nodes) if tree is not None else 0
+
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationError
 
 from proxy.errors import AuthenticationFailed, InvalidRequest, LegoError
 from proxy.settings import Settings
@@ -66,9 +66,27 @@ class CreateSession(_Strict):
     max_output_tokens: int | None = Field(default=None, ge=1)
 
 
+def _reward(value: object) -> float | list[float] | None:
+    # One validator instead of a union, so an error names the field, not a union member.
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, list) and value:
+        numbers = [
+            float(x) for x in value if isinstance(x, int | float) and not isinstance(x, bool)
+        ]
+        if len(numbers) == len(value):
+            return numbers
+    raise ValueError("reward must be a number or a non-empty list of numbers")
+
+
+Reward = Annotated[float | list[float] | None, PlainValidator(_reward)]
+
+
 class FinishSession(_Strict):
     termination: Termination
-    reward: float | None = None
+    reward: Reward = None  # a scalar, or a vector of objectives
     reward_details: dict[str, JsonValue] | None = None
 
 
@@ -158,8 +176,9 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         details: dict[str, object] | None = (
             dict(body.reward_details) if body.reward_details is not None else None
         )
+        reward = tuple(body.reward) if isinstance(body.reward, list) else body.reward
         session = await state.store.finish_session(
-            request.path_params["session_id"], body.termination.value, body.reward, details
+            request.path_params["session_id"], body.termination.value, reward, details
         )
         state.sessions.finished(session)
         state.metrics.sessions_finished.labels(termination=body.termination.value).inc()

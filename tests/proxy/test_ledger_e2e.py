@@ -7,6 +7,7 @@ ids, and in the recorded trajectory, that every departure is classified.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,7 @@ def test_compaction_is_a_classified_fork(proxy: Proxy, tap: BackendTap) -> None:
 @pytest.mark.parametrize(
     "database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
-async def test_a_restarted_proxy_continues_token_exactly(
+def test_a_restarted_proxy_continues_token_exactly(
     database: str,
     request: pytest.FixtureRequest,
     tap: BackendTap,
@@ -133,7 +134,8 @@ async def test_a_restarted_proxy_continues_token_exactly(
     """Invariant 3 across a restart: the second process rebuilds the ledger from the DB."""
     database_url = None
     if database == "postgres":
-        database_url = await request.getfixturevalue("postgres_server").create_database()
+        server = request.getfixturevalue("postgres_server")
+        database_url = asyncio.run(server.create_database())
 
     def settings() -> Settings:
         return Settings(
