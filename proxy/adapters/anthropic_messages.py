@@ -9,7 +9,9 @@ Contract:
   deliberately unused field (``cache_control`` anywhere, ``metadata``, ``context_management``,
   ``output_config``, ...) is named in ``ChatRequest.ignored_fields``.
 - ``system`` (a string or text blocks) and in-array ``role: "system"`` messages become system
-  messages; a user message's ``tool_result`` blocks become ``tool`` messages, in block order.
+  messages (a ``system`` text block that is Claude Code's ``x-anthropic-billing-header:``
+  line is dropped and named as ignored); a user message's ``tool_result`` blocks become
+  ``tool`` messages, in block order.
   Text blocks of one user or system turn are joined with a blank line; an assistant's text
   blocks are joined as they are, since they split one sampled text.
 - ``tool_use.input`` crosses as compact JSON text (``ToolCall.arguments``), keys in the order
@@ -156,6 +158,14 @@ def _block_text(kind: str, text: str | None, param: str) -> str:
     return text
 
 
+# Claude Code's first system block is request metadata for Anthropic's billing, not text
+# for the model: "x-anthropic-billing-header: cc_version=2.1.197.b53; cc_entrypoint=...;".
+# Its version suffix is a hash of the first user message, so it changes exactly when the
+# history is compacted; rendering it would also make every compaction look like a new
+# system prompt.
+_BILLING_HEADER = "x-anthropic-billing-header:"
+
+
 def _texts(blocks: list[_InnerBlock], param: str) -> list[str]:
     return [_block_text(b.type, b.text, f"{param}[{j}]") for j, b in enumerate(blocks)]
 
@@ -232,7 +242,14 @@ def _messages(body: _Body, signer: ReasoningSigner, ignored: set[str]) -> tuple[
     out: list[Message] = []
     if body.system is not None:
         system = body.system
-        text = system if isinstance(system, str) else "\n\n".join(_texts(system, "system"))
+        if isinstance(system, str):
+            text = system
+        else:
+            texts = _texts(system, "system")
+            kept = [t for t in texts if not t.startswith(_BILLING_HEADER)]
+            if len(kept) < len(texts):
+                ignored.add("system[].x-anthropic-billing-header")
+            text = "\n\n".join(kept)
         out.append(Message("system", text))
     for i, msg in enumerate(body.messages):
         param = f"messages[{i}].content"

@@ -26,11 +26,12 @@ from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, ValidationError
-from pydantic_core import ErrorDetails
+from pydantic import Field, JsonValue, Tag, ValidationError
 
 from proxy.adapters.base import StreamState
+from proxy.adapters.openai_errors import error_object
 from proxy.adapters.sse import sse_frame
+from proxy.adapters.wire import Wire, ignored_extras, invalid, missing, one_of
 from proxy.canonical import (
     AssistantTurn,
     ChatRequest,
@@ -46,56 +47,34 @@ from proxy.canonical import (
     TurnFinished,
     Usage,
 )
-from proxy.errors import BackendError, InvalidRequest, LegoError, Unsupported
+from proxy.errors import InvalidRequest, LegoError, Unsupported
 
 # -- wire models: request --------------------------------------------------------------------
 
-# Union members are tagged with names starting with "~" so that the JSON path of a validation
-# error can drop them: pydantic puts the tag into the error location.
-_UNION_TAG = "~"
 
-
-def _shape_tag(value: object) -> str | None:
-    if isinstance(value, str):
-        return "~str"
-    if isinstance(value, list):
-        return "~list"
-    if isinstance(value, dict):
-        return "~object"
-    return None
-
-
-def _one_of(message: str) -> Discriminator:
-    return Discriminator(_shape_tag, custom_error_type="invalid_type", custom_error_message=message)
-
-
-class _Wire(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
-
-
-class _ContentPart(_Wire):
+class _ContentPart(Wire):
     type: str
     text: str | None = None
 
 
 _Content = Annotated[
     Annotated[str, Tag("~str")] | Annotated[list[_ContentPart], Tag("~list")],
-    _one_of("Input should be a string or an array of content parts"),
+    one_of("Input should be a string or an array of content parts"),
 ]
 
 
-class _FunctionCall(_Wire):
+class _FunctionCall(Wire):
     name: str
     arguments: str
 
 
-class _ToolCall(_Wire):
+class _ToolCall(Wire):
     id: str
     type: str = "function"
     function: _FunctionCall
 
 
-class _Message(_Wire):
+class _Message(Wire):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: _Content | None = None
     name: str | None = None
@@ -106,23 +85,23 @@ class _Message(_Wire):
     function_call: JsonValue = None
 
 
-class _FunctionDef(_Wire):
+class _FunctionDef(Wire):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, JsonValue] | None = None
     strict: bool | None = None
 
 
-class _Tool(_Wire):
+class _Tool(Wire):
     type: str
     function: _FunctionDef | None = None
 
 
-class _NamedFunction(_Wire):
+class _NamedFunction(Wire):
     name: str
 
 
-class _NamedToolChoice(_Wire):
+class _NamedToolChoice(Wire):
     type: str
     function: _NamedFunction | None = None
 
@@ -130,28 +109,28 @@ class _NamedToolChoice(_Wire):
 _ToolChoiceWire = Annotated[
     Annotated[Literal["auto", "none", "required"], Tag("~str")]
     | Annotated[_NamedToolChoice, Tag("~object")],
-    _one_of("Input should be 'auto', 'none', 'required' or a named function choice"),
+    one_of("Input should be 'auto', 'none', 'required' or a named function choice"),
 ]
 
 _Stop = Annotated[
     Annotated[str, Tag("~str")] | Annotated[list[str], Tag("~list"), Field(max_length=4)],
-    _one_of("Input should be a string or an array of up to 4 strings"),
+    one_of("Input should be a string or an array of up to 4 strings"),
 ]
 
 
-class _StreamOptions(_Wire):
+class _StreamOptions(Wire):
     include_usage: bool | None = None
 
 
-class _ChatTemplateKwargs(_Wire):
+class _ChatTemplateKwargs(Wire):
     enable_thinking: bool | None = None
 
 
-class _ResponseFormat(_Wire):
+class _ResponseFormat(Wire):
     type: str
 
 
-class _Body(_Wire):
+class _Body(Wire):
     model: str
     messages: list[_Message]
     tools: list[_Tool] | None = None
@@ -202,52 +181,8 @@ _UNUSED_UNLESS_NEUTRAL = ("frequency_penalty", "presence_penalty", "logprobs")
 # -- request: validation errors ---------------------------------------------------------------
 
 
-def _json_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif not part.startswith(_UNION_TAG):
-            path += f".{part}" if path else part
-    return path
-
-
-def _invalid(error: ValidationError) -> InvalidRequest:
-    details: list[ErrorDetails] = error.errors(include_url=False)
-    first = details[0]
-    if first["type"] == "json_invalid":
-        detail = first["msg"].removeprefix("Invalid JSON: ")
-        return InvalidRequest(f"could not parse the JSON body: {detail}")
-    param = _json_path(first["loc"])
-    if not param:
-        return InvalidRequest("the request body must be a JSON object")
-    if first["type"] == "missing":
-        message = f"missing required parameter '{param}'"
-    else:
-        reason = first["msg"][:1].lower() + first["msg"][1:]
-        message = f"invalid value for '{param}': {reason}"
-    if len(details) > 1:
-        message += f" (and {len(details) - 1} more problem(s))"
-    return InvalidRequest(message, param=param)
-
-
-def _missing(param: str) -> InvalidRequest:
-    return InvalidRequest(f"missing required parameter '{param}'", param=param)
-
-
 def _only_function(what: str, kind: str, param: str) -> Unsupported:
     return Unsupported(f"{what} type '{kind}' is not supported; only 'function'", param=param)
-
-
-def _ignored_extras(node: object, path: str, found: set[str]) -> None:
-    if isinstance(node, BaseModel):
-        for key in node.model_extra or {}:
-            found.add(f"{path}.{key}" if path else key)
-        for name in type(node).model_fields:
-            _ignored_extras(getattr(node, name), f"{path}.{name}" if path else name, found)
-    elif isinstance(node, list):
-        for item in node:
-            _ignored_extras(item, f"{path}[]", found)
 
 
 def _ignored_known(body: _Body) -> set[str]:
@@ -277,7 +212,7 @@ def _text(content: str | list[_ContentPart] | None, param: str) -> str:
                 param=f"{param}[{j}].type",
             )
         if part.text is None:
-            raise _missing(f"{param}[{j}].text")
+            raise missing(f"{param}[{j}].text")
         texts.append(part.text)
     return "".join(texts)
 
@@ -301,7 +236,7 @@ def _message(msg: _Message, i: int, ignored: set[str]) -> Message:
             param=f"{param}.tool_calls",
         )
     if msg.content is None and msg.role != "assistant":
-        raise _missing(f"{param}.content")
+        raise missing(f"{param}.content")
     content = _text(msg.content, f"{param}.content")
     if msg.role == "assistant":
         calls = tuple(
@@ -317,7 +252,7 @@ def _message(msg: _Message, i: int, ignored: set[str]) -> Message:
     )
     if msg.role == "tool":
         if msg.tool_call_id is None:
-            raise _missing(f"{param}.tool_call_id")
+            raise missing(f"{param}.tool_call_id")
         return Message("tool", content, tool_call_id=msg.tool_call_id, name=msg.name)
     if msg.tool_call_id is not None:
         ignored.add("messages[].tool_call_id")
@@ -331,7 +266,7 @@ def _tools(tools: list[_Tool]) -> tuple[ToolSpec, ...]:
         if tool.type != "function":
             raise _only_function("tool", tool.type, f"tools[{i}].type")
         if tool.function is None:
-            raise _missing(f"tools[{i}].function")
+            raise missing(f"tools[{i}].function")
         if any(spec.name == tool.function.name for spec in specs):
             raise InvalidRequest(
                 f"duplicate tool name '{tool.function.name}'", param=f"tools[{i}].function.name"
@@ -358,7 +293,7 @@ def _tool_choice(
     if choice.type != "function":
         raise _only_function("tool_choice", choice.type, "tool_choice.type")
     if choice.function is None:
-        raise _missing("tool_choice.function")
+        raise missing("tool_choice.function")
     if all(spec.name != choice.function.name for spec in tools):
         raise InvalidRequest(
             f"tool_choice names '{choice.function.name}', which is not among 'tools'",
@@ -393,7 +328,7 @@ def _canonical(body: _Body) -> ChatRequest:
     if not body.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
     ignored: set[str] = set()
-    _ignored_extras(body, "", ignored)
+    ignored_extras(body, "", ignored)
     ignored |= _ignored_known(body)
     messages = tuple(_message(msg, i, ignored) for i, msg in enumerate(body.messages))
     tools = _tools(body.tools or [])
@@ -476,30 +411,8 @@ def _finish_frames(state: StreamState, event: TurnFinished) -> list[bytes]:
     return frames
 
 
-def _error_type(error: LegoError) -> str:
-    if isinstance(error, BackendError):
-        # The type is how a client tells a transient backend failure from a final one.
-        return "server_error" if error.retryable else "api_error"
-    by_status: dict[int, str] = {
-        401: "authentication_error",
-        403: "permission_error",
-        404: "not_found_error",
-        429: "rate_limit_error",
-    }
-    if error.status in by_status:
-        return by_status[error.status]
-    return "invalid_request_error" if error.status < 500 else "server_error"
-
-
 def _error_envelope(error: LegoError) -> dict[str, object]:
-    return {
-        "error": {
-            "message": error.message,
-            "type": _error_type(error),
-            "param": error.param,
-            "code": error.code,
-        }
-    }
+    return {"error": error_object(error)}
 
 
 # -- the adapter -------------------------------------------------------------------------------
@@ -515,7 +428,7 @@ class OpenAIChatAdapter:
         try:
             wire = _Body.model_validate_json(body)
         except ValidationError as error:
-            raise _invalid(error) from None
+            raise invalid(error) from None
         return _canonical(wire)
 
     # -- non-streaming response ----------------------------------------------

@@ -40,6 +40,7 @@ import orjson
 from pydantic import Field, JsonValue, Tag, ValidationError
 
 from proxy.adapters.base import StreamState
+from proxy.adapters.openai_errors import error_object
 from proxy.adapters.signing import ReasoningSigner
 from proxy.adapters.sse import sse_frame
 from proxy.adapters.wire import Wire, ignored_extras, invalid, missing, one_of
@@ -59,7 +60,7 @@ from proxy.canonical import (
     TurnFinished,
     Usage,
 )
-from proxy.errors import BackendError, InvalidRequest, LegoError, Unsupported
+from proxy.errors import InvalidRequest, LegoError, Unsupported
 
 # -- wire models: request --------------------------------------------------------------------
 
@@ -484,30 +485,6 @@ def _response(
     }
 
 
-def _error_type(error: LegoError) -> str:
-    if isinstance(error, BackendError):
-        # The type is how a client tells a transient backend failure from a final one.
-        return "server_error" if error.retryable else "api_error"
-    by_status: dict[int, str] = {
-        401: "authentication_error",
-        403: "permission_error",
-        404: "not_found_error",
-        429: "rate_limit_error",
-    }
-    if error.status in by_status:
-        return by_status[error.status]
-    return "invalid_request_error" if error.status < 500 else "server_error"
-
-
-def _error_body(error: LegoError) -> dict[str, object]:
-    return {
-        "message": error.message,
-        "type": _error_type(error),
-        "param": error.param,
-        "code": error.code,
-    }
-
-
 def _stream(state: StreamState) -> _StreamOutput:
     output = state.extra.get("responses")
     if not isinstance(output, _StreamOutput):
@@ -674,7 +651,7 @@ class OpenAIResponsesAdapter:
 
     # -- errors ---------------------------------------------------------------
     def error_response(self, error: LegoError) -> tuple[int, bytes]:
-        return error.status, orjson.dumps({"error": _error_body(error)})
+        return error.status, orjson.dumps({"error": error_object(error)})
 
     def stream_error(self, state: StreamState, error: LegoError) -> list[bytes]:
         out = _stream(state)
@@ -685,7 +662,7 @@ class OpenAIResponsesAdapter:
             output=out.items,
             error=error,
         )
-        body = _error_body(error)
+        body = error_object(error)
         # The nested "error" object is what makes the official SDK raise on this event.
         payload = {
             "code": error.code,
