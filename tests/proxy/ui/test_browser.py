@@ -72,6 +72,7 @@ async def test_browser_logs_in_reads_the_overview_and_opens_a_session(
     proxy: Proxy, browser: Any, artifacts: Path
 ) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     url = proxy.settings.effective_database_url
     run: SeededRun = await seed_run(url, versions=3, groups_per_version=3, group_size=4, plan=plan)
@@ -107,14 +108,17 @@ async def test_browser_logs_in_reads_the_overview_and_opens_a_session(
         }
     await engine.dispose()
 
+    # A click returns before the next page has loaded: wait for what each step leads to.
+    settle = WebDriverWait(browser, 20)
     browser.get(f"{proxy.url}/ui/runs/{run.id}")
     assert "/ui/login" in browser.current_url  # no cookie yet: sent to the login form
     browser.find_element(By.ID, "key").send_keys("wrong")
     browser.find_element(By.ID, "login").click()
-    assert "not the admin key" in browser.find_element(By.ID, "login-error").text
+    error = settle.until(lambda d: d.find_elements(By.ID, "login-error"))
+    assert "not the admin key" in error[0].text
     browser.find_element(By.ID, "key").send_keys(ADMIN_KEY)
     browser.find_element(By.ID, "login").click()
-    assert browser.current_url.endswith(f"/ui/runs/{run.id}")
+    settle.until(lambda d: d.current_url.endswith(f"/ui/runs/{run.id}"))
     browser.save_screenshot(str(artifacts / "overview.png"))
 
     assert int(browser.find_element(By.ID, "total-sessions").text) == total == 36
@@ -133,11 +137,11 @@ async def test_browser_logs_in_reads_the_overview_and_opens_a_session(
     assert browser.find_elements(By.CSS_SELECTOR, "#collapse tbody tr")
 
     browser.find_element(By.LINK_TEXT, "sessions").click()
+    links = settle.until(lambda d: d.find_elements(By.CSS_SELECTOR, "a.session-link"))
     browser.save_screenshot(str(artifacts / "sessions.png"))
-    links = browser.find_elements(By.CSS_SELECTOR, "a.session-link")
     assert len(links) == 36
     links[0].click()
-    shown = browser.find_elements(By.CSS_SELECTOR, "#turns li.turn")
+    shown = settle.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#turns li.turn"))
     assert len(shown) == int(browser.find_element(By.ID, "turn-count").text)
     assert len(shown) in (2, 3)
     assert shown[0].get_attribute("data-classification") == "root"
