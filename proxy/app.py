@@ -15,6 +15,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from time import time_ns
 
 import httpx
 import orjson
@@ -41,6 +42,7 @@ from proxy.sessions import SessionCache
 from proxy.settings import Settings
 from proxy.state import AppState
 from recorder.export import ExportStore
+from recorder.journal import Journal
 from recorder.migrate import upgrade_database
 from recorder.spool import Spool
 from recorder.store import Store
@@ -116,7 +118,16 @@ def create_app(settings: Settings) -> FastAPI:
             spool_root = settings.data_dir / "spool"
             spool = Spool.open(spool_root / f"{socket.gethostname()}-{settings.port}")
             orphans = list(Spool.orphans(spool_root, spool.directory))
-            writer = TurnWriter(store, spool=spool, orphans=orphans, metrics=metrics)
+            # The journal is per process start: what a killed proxy journaled is an orphan
+            # that this writer replays (idempotently) before anything else.
+            journal_root = settings.data_dir / "journal"
+            journal = Journal(
+                Spool.open(journal_root / f"{socket.gethostname()}-{settings.port}-{time_ns()}")
+            )
+            orphans += Spool.orphans(journal_root, journal.directory)
+            writer = TurnWriter(
+                store, spool=spool, orphans=orphans, journal=journal, metrics=metrics
+            )
             writer.start()
             gate = RunGate(
                 metrics,

@@ -270,10 +270,12 @@ class Pipeline:
                 progress.message.canonical(),
                 turn.turn_id,
             )
-            # Recorded before the harness sees the end of its answer, so that no crash can
-            # fall between a completed response and its record.
-            self._record(turn, progress, parser, status, error)
+            # Durable (journal fsync) before the harness sees the end of its answer, so that
+            # no crash can fall between a completed response and its record. Shielded: a
+            # disconnect now must not leave the turn half-submitted.
+            record = self._record(turn, progress, parser, status, error)
             recorded = True
+            await asyncio.shield(self._writer.submit_durable(record))
             yield finished
         except (asyncio.CancelledError, GeneratorExit):
             if not recorded:
@@ -293,7 +295,7 @@ class Pipeline:
             # Every turn that got this far is recorded, failures included, so that nothing
             # the harness saw (or failed to see) goes missing from the trajectory.
             if not recorded:
-                self._record(turn, progress, parser, status, error)
+                self._writer.submit(self._record(turn, progress, parser, status, error))
 
     async def _generate(
         self, turn: PreparedTurn, progress: _Progress
@@ -349,7 +351,8 @@ class Pipeline:
         parser: OutputParser,
         status: TurnStatus,
         error: str | None,
-    ) -> None:
+    ) -> TurnRecord:
+        """The turn's record, counted in the metrics; the caller hands it to the writer."""
         end = progress.end
         now = time.perf_counter() - turn.started
         routed: RoutedExperts | None = end.routed_experts if end is not None else None
@@ -388,7 +391,6 @@ class Pipeline:
                 backend_s=progress.backend_s,
             ),
         )
-        self._writer.submit(record)
         adapter = turn.request.adapter
         self._metrics.ledger.labels(
             classification=record.classification, reason=record.fork_reason or "none"
@@ -404,6 +406,7 @@ class Pipeline:
         self._metrics.completion_tokens.inc(len(progress.output_ids))
         if parser.malformed_tool_calls:
             self._metrics.malformed_tool_calls.inc(parser.malformed_tool_calls)
+        return record
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)

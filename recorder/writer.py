@@ -31,10 +31,12 @@ Inference never slows down because of the recorder; only disk space is consumed.
 Without a spool (tests, tools) failed batches stay at the head of the queue and are retried
 with backoff, and the queue is unbounded.
 
-Crash window: a turn is durable once it is in the database or the spool. ``submit`` is
-called before the harness receives the end of its response; the turn reaches durability
-within ``flush_interval_s`` plus at most ``write_timeout_s`` (or one spool fsync). A hard
-kill inside that window (SIGKILL, power loss) can lose those turns; SIGTERM cannot.
+Crash window: a turn is durable once it is in the database, the spool or the journal.
+With a ``Journal`` (the production set-up), ``submit_durable`` fsyncs a completed turn
+into it before the harness receives the end of its response, so even a hard kill (SIGKILL,
+power loss) loses no turn the harness has: the dead proxy's journal is replayed at the
+next start. Without one, a turn reaches durability within ``flush_interval_s`` plus at most
+``write_timeout_s``, and only a graceful shutdown is safe.
 
 Counters (plain attributes, mirrored to ``Metrics`` when given): ``submitted``,
 ``written``, ``dropped``, ``batches``, ``failures`` (failed write attempts), ``spooled``,
@@ -52,6 +54,7 @@ from collections.abc import Sequence
 
 from proxy.errors import Conflict, InvalidRequest, RecorderError
 from proxy.metrics import Metrics
+from recorder.journal import Journal
 from recorder.records import TurnRecord
 from recorder.spool import Spool
 from recorder.store import Store, StoredTurn, encode_turn
@@ -68,6 +71,7 @@ class TurnWriter:
         *,
         spool: Spool | None = None,
         orphans: Sequence[Spool] = (),
+        journal: Journal | None = None,
         metrics: Metrics | None = None,
         max_batch: int = 256,
         flush_interval_s: float = 0.05,
@@ -83,6 +87,7 @@ class TurnWriter:
         self._store = store
         self._spool = spool
         self._orphans = list(orphans)
+        self._journal = journal
         self._metrics = metrics
         self._max_batch = max_batch
         self._flush_interval_s = flush_interval_s
@@ -134,6 +139,20 @@ class TurnWriter:
         """A submitted turn not yet written (read-your-writes before the database has it)."""
         return next((turn for turn in self._queue if turn.id == turn_id), None)
 
+    async def submit_durable(self, turn: TurnRecord) -> None:
+        """``submit``, after the turn is fsync'd in the journal (when there is one).
+
+        For completed turns: the caller awaits this before the harness gets the end of its
+        answer, so no crash can lose a turn the harness has."""
+        if self._journal is not None:
+            try:
+                row = encode_turn(turn)
+            except InvalidRequest:
+                row = None  # unstorable: the queue drops and counts it
+            if row is not None:
+                await self._journal.append(row)
+        self.submit(turn)
+
     def submit(self, turn: TurnRecord) -> None:
         self._queue.append(turn)
         self.submitted += 1
@@ -169,8 +188,12 @@ class TurnWriter:
             # The database did not take everything in time: the spool keeps the rest for
             # the next start (a batch cut off mid-write may land twice; replay dedupes).
             await self._spill(list(self._queue))
+            if self._journal is not None:
+                await self._journal.release(turn.id for turn in self._queue)
             self._queue.clear()
             self._spool.close()
+        if self._journal is not None:
+            await self._journal.close()
         for orphan in self._orphans:
             orphan.close()
 
@@ -198,6 +221,8 @@ class TurnWriter:
                     self._wake.clear()
                 batch = [self._queue[i] for i in range(min(self._max_batch, len(self._queue)))]
                 await self._persist(batch)
+                if self._journal is not None:
+                    await self._journal.release(turn.id for turn in batch)
                 for _ in batch:
                     self._queue.popleft()
                 self._done += len(batch)
