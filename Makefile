@@ -1,7 +1,7 @@
 # An index of the project's commands; CI calls the same targets.
 PY ?= python3
 
-.PHONY: install demo test test-all lint typecheck check bench serve engine
+.PHONY: install demo test test-all test-harness harness-install lint typecheck check bench serve engine
 
 install:  ## torch first, pinned to the CPU wheel on disk, so pip never pulls a CUDA build
 	$(PY) -m pip install -q torch==2.13.0
@@ -16,6 +16,12 @@ test: install  ## the test suite (starts its own Postgres when LEGO_TEST_POSTGRE
 test-all: install  ## including the slow suites
 	$(PY) -m pytest -q -m ''
 
+harness-install:  ## the four real harness CLIs, pinned, into ~/.cache/lego-proxy/harness (npm + Python 3.12)
+	bash tests/harness/install.sh
+
+test-harness: install harness-install  ## Claude Code, OpenCode, Codex, OpenHands end to end (CI's last stage)
+	$(PY) -m pytest -q -m harness tests/harness
+
 lint:
 	ruff check . && ruff format --check .
 
@@ -25,7 +31,7 @@ typecheck:
 check: lint typecheck test
 
 bench: install  ## proxy overhead vs direct engine calls (zero-compute engine)
-	$(PY) bench/overhead.py
+	$(PY) -m bench.overhead
 
 serve:
 	lego-proxy serve

@@ -150,9 +150,9 @@ def test_claude_code_request_becomes_canonical() -> None:
     request = parse(CLAUDE_CODE_BODY)
     roles = [m.role for m in request.messages]
     assert roles == ["system", "system", "user", "assistant", "tool", "user"]
-    assert request.messages[0].content == (
-        "x-anthropic-billing-header: cc_version=2.1;\n\nYou are Claude Code."
-    )
+    # The billing-header block is request metadata, not prompt text; see
+    # test_anthropic_messages_claude_code_system.py.
+    assert request.messages[0].content == "You are Claude Code."
     assistant = request.messages[3]
     assert assistant.reasoning == "Use Bash."
     assert assistant.content == "Creating it."
