@@ -6,7 +6,7 @@ streaming and recording. Engine and proxy each run in their own process, as depl
 load generator is this process. Both paths are measured in the same run, interleaved in
 rounds, and the result is printed as ratios and differences against the direct baseline.
 
-    python bench/overhead.py [--requests 300] [--concurrency 1 64]
+    python -m bench.overhead [--requests 300] [--concurrency 1 64]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the ledger (``plan`` with incremental rendering + ``commit``) and the baseline t
 replaces (whole-conversation render + tokenize), in the same run. Targets (issue 3): the
 ledger's turn at 100k within 2x of its turn at 1k, and at least 20x below the baseline.
 
-    python bench/turn_cost.py
+    python -m bench.turn_cost
 """
 
 from __future__ import annotations
