@@ -87,7 +87,7 @@ def _install_sqlite_pragmas(engine: AsyncEngine, serialize: bool) -> None:
         # The timeout first: switching a new file to WAL needs a lock another
         # connection may hold at that moment.
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
@@ -98,3 +98,16 @@ def _install_sqlite_pragmas(engine: AsyncEngine, serialize: bool) -> None:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
         event.listen(engine.sync_engine, "begin", on_begin)
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """WAL mode belongs to the file and persists; switching a fresh file ignores the busy
+    timeout, so of several connections opened at once (replicas starting together) the
+    ones that find it locked go on: another connection is switching it, or the next one
+    will, and the rollback journal in the meantime is only slower, not wrong."""
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+    except Exception as exc:  # the adapter re-raises sqlite3's OperationalError
+        # Deliberately swallowed when locked (see above); anything else is a real error.
+        if "locked" not in str(exc):
+            raise

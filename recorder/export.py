@@ -77,6 +77,7 @@ class Claim:
     groups: tuple[ClaimedGroup, ...]
     zero_variance_groups: int
     stale_groups: int
+    reclaimed_groups: int = 0  # taken over from leases that expired unacked
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,7 @@ class ExportStore:
         claimed: list[ClaimedGroup] = []
         rewards: list[list[object]] = []
         stale = 0
+        reclaimed = 0
         async with self._transaction(f"claim groups of run {run_id}") as conn:
             await _require_run(conn, run_id)
             versions = await _versions(conn, run_id)
@@ -176,8 +178,10 @@ class ExportStore:
                 if max_staleness is not None and staleness > max_staleness:
                     stale += 1
                     continue
-                if not await self._lease(conn, run_id, group_id, batch_id, expires, now):
+                lease = await self._lease(conn, run_id, group_id, batch_id, expires, now)
+                if lease is None:
                     continue  # another claimer holds it right now
+                reclaimed += lease == "reclaimed"
                 claimed.append(
                     ClaimedGroup(group_id, kept[0].task_id, tuple(m.id for m in kept), staleness)
                 )
@@ -201,6 +205,7 @@ class ExportStore:
             groups=tuple(claimed),
             zero_variance_groups=zero_variance,
             stale_groups=stale,
+            reclaimed_groups=reclaimed,
         )
 
     async def _candidates(self, conn: AsyncConnection, run_id: str, now: float) -> list[str]:
@@ -226,7 +231,8 @@ class ExportStore:
         batch_id: str,
         expires: float,
         now: float,
-    ) -> bool:
+    ) -> str | None:
+        """Lease the group: "new", "reclaimed" (its earlier lease expired), or None (held)."""
         key = (group_leases.c.run_id == run_id, group_leases.c.group_id == group_id)
         expired = await conn.scalar(
             select(group_leases.c.group_id)
@@ -239,7 +245,7 @@ class ExportStore:
                 .where(*key, group_leases.c.state == LEASED, group_leases.c.lease_expires_at <= now)
                 .values(batch_id=batch_id, lease_expires_at=expires, updated_at=now)
             )
-            return result.rowcount == 1
+            return "reclaimed" if result.rowcount == 1 else None
         insert = (sqlite if self._sqlite else postgresql).insert(group_leases)
         result = await conn.execute(
             insert.values(
@@ -253,7 +259,7 @@ class ExportStore:
             .on_conflict_do_nothing(index_elements=["run_id", "group_id"])
             .returning(group_leases.c.group_id)
         )
-        return result.first() is not None
+        return "new" if result.first() is not None else None
 
     async def _skip(self, conn: AsyncConnection, run_id: str, group_id: str, now: float) -> None:
         insert = (sqlite if self._sqlite else postgresql).insert(group_leases)

@@ -177,6 +177,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         state.metrics.export_claims.labels(outcome="hit" if result.groups else "empty").inc()
         state.metrics.export_claimed_groups.inc(len(result.groups))
         state.metrics.export_stale_groups.inc(result.stale_groups)
+        state.metrics.export_lease_expiries.inc(result.reclaimed_groups)
         for group in result.groups:
             state.metrics.export_staleness.observe(group.staleness)
         groups = []

@@ -122,6 +122,7 @@ async def test_an_expired_lease_returns_its_groups_and_its_ack_conflicts(
 
     second = await exports.claim(run, 1, None, 600)
     assert [g.group_id for g in second.groups] == ["g"]
+    assert (first.reclaimed_groups, second.reclaimed_groups) == (0, 1)  # lease expiries
     assert first.batch_id is not None
     assert second.batch_id is not None
     with pytest.raises(Conflict):
