@@ -51,6 +51,10 @@ def _serve(args: argparse.Namespace) -> None:
         port=settings.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=30,
+        # Harnesses keep their connection across tool calls that take seconds to minutes;
+        # closing idle ones after uvicorn's default 5 s races their next request (a client
+        # sees the close as a read error on a request it had already sent).
+        timeout_keep_alive=75,
     )
 
 
@@ -102,10 +106,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run a scripted rollout on the embedded default")
     demo.add_argument("--keep", action="store_true", help="keep the demo's data directory")
     demo.set_defaults(func=_demo)
+
+    # Listed for --help; main() hands everything after "train" to trainer_bridge's own parser.
+    commands.add_parser("train", help="run trainer_bridge (options: lego-proxy train --help)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:
+        from trainer_bridge.train import main as train_main
+
+        train_main(argv[1:])
+        return
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,3 +250,13 @@ def test_serve_refuses_bad_settings_in_one_line(
     assert line.startswith("lego-proxy: invalid settings:")
     assert names in line
     assert not (tmp_path / "lego.sqlite3").exists()  # refused before touching anything
+
+
+def test_train_hands_its_arguments_to_the_trainer() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "train", "--help"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "--model-path" in shown.stdout
+    assert "--max-staleness" in shown.stdout
