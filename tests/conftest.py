@@ -29,6 +29,19 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture(scope="session")
+def stoppable_postgres() -> Iterator[PostgresServer]:
+    """A throwaway cluster the tests own, even when LEGO_TEST_POSTGRES_URL is set: the
+    outage tests stop and restart it, which they must never do to a server they were
+    given."""
+    with ExitStack() as stack:
+        try:
+            server = stack.enter_context(running_postgres(own=True))
+        except PostgresUnavailable as exc:
+            pytest.skip(f"Postgres unavailable: {exc}")
+        yield server
+
+
+@pytest.fixture(scope="session")
 async def postgres_url(postgres_server: PostgresServer) -> AsyncIterator[str]:
     """A fresh, empty database for the whole test session (postgresql+asyncpg URL)."""
     url = await postgres_server.create_database("lego_session")

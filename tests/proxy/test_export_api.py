@@ -239,11 +239,9 @@ async def test_the_gate_gives_up_with_retry_after() -> None:
 
 @pytest.mark.postgres
 async def test_a_run_survives_postgres_stopping_in_the_middle(
-    postgres_server: PostgresServer, tap: BackendTap, model_dir: Path, tmp_path: Path
+    stoppable_postgres: PostgresServer, tap: BackendTap, model_dir: Path, tmp_path: Path
 ) -> None:
-    if not postgres_server.owned:
-        pytest.skip("needs a Postgres started by the tests (LEGO_TEST_POSTGRES_URL is set)")
-    database_url = await postgres_server.create_database()
+    database_url = await stoppable_postgres.create_database()
     port = free_port()
     settings = Settings(
         port=port,
@@ -255,9 +253,9 @@ async def test_a_run_survives_postgres_stopping_in_the_middle(
         context_length=8192,
     )
     try:
-        await asyncio.to_thread(drive_through_an_outage, settings, postgres_server)
+        await asyncio.to_thread(drive_through_an_outage, settings, stoppable_postgres)
     finally:
-        await postgres_server.drop_database(database_url)
+        await stoppable_postgres.drop_database(database_url)
 
 
 def drive_through_an_outage(settings: Settings, postgres_server: PostgresServer) -> None:

@@ -10,6 +10,7 @@ is what a load balancer uses to route around a replica.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -294,26 +295,24 @@ def test_readyz_reports_the_database_and_each_backend(
 
 
 def test_readyz_is_unavailable_while_the_database_is_down(
-    postgres_server: PostgresServer,
-    shared_database: str,
+    stoppable_postgres: PostgresServer,
     loop_engine_url: str,
     model_dir: Path,
     tmp_path: Path,
 ) -> None:
-    if not postgres_server.owned:
-        pytest.skip("needs a Postgres cluster the tests can stop")
+    database_url = asyncio.run(stoppable_postgres.create_database("lego_outage"))
     with replicas(
         1,
-        database_url=shared_database,
+        database_url=database_url,
         backend_url=loop_engine_url,
         model_dir=model_dir,
         root=tmp_path,
     ) as group:
-        postgres_server.stop()
+        stoppable_postgres.stop()
         try:
             response = httpx.get(f"{group.url(0)}/readyz", timeout=5)
         finally:
-            postgres_server.start()
+            stoppable_postgres.start()
         assert response.status_code == 503
         body = response.json()
         assert body["database"]["ok"] is False

@@ -132,10 +132,8 @@ async def test_retries_while_the_table_is_unavailable(store: Store, database_url
 
 
 @pytest.mark.postgres
-async def test_survives_a_postgres_restart(postgres_server: PostgresServer) -> None:
-    if not postgres_server.owned:
-        pytest.skip("needs a Postgres started by the tests (LEGO_TEST_POSTGRES_URL is set)")
-    url = await postgres_server.create_database()
+async def test_survives_a_postgres_restart(stoppable_postgres: PostgresServer) -> None:
+    url = await stoppable_postgres.create_database()
     await upgrade_database(url)
     store = await Store.open(url)
     writer = TurnWriter(store, flush_interval_s=0.01, retry_initial_s=0.05, retry_max_s=0.2)
@@ -144,14 +142,14 @@ async def test_survives_a_postgres_restart(postgres_server: PostgresServer) -> N
         writer.submit(make_turn(session.id, 0))
         await writer.flush()  # the pool now holds a connection the restart will break
 
-        await asyncio.to_thread(postgres_server.stop)
+        await asyncio.to_thread(stoppable_postgres.stop)
         try:
             for seq in range(1, 4):
                 writer.submit(make_turn(session.id, seq))
             await eventually(lambda: writer.failures >= 2)
             assert writer.pending == 3
         finally:
-            await asyncio.to_thread(postgres_server.start)
+            await asyncio.to_thread(stoppable_postgres.start)
 
         await asyncio.wait_for(writer.flush(), timeout=30)
 
@@ -160,7 +158,7 @@ async def test_survives_a_postgres_restart(postgres_server: PostgresServer) -> N
     finally:
         await writer.close()
         await store.close()
-        await postgres_server.drop_database(url)
+        await stoppable_postgres.drop_database(url)
 
 
 # -- with a spool: nothing waits on the database, nothing is lost ----------------------
@@ -235,11 +233,9 @@ async def test_a_slow_database_spools_within_the_write_timeout(
 
 @pytest.mark.postgres
 async def test_postgres_down_turns_spool_and_replay_exactly_once(
-    postgres_server: PostgresServer, tmp_path: Path
+    stoppable_postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    if not postgres_server.owned:
-        pytest.skip("needs a Postgres started by the tests (LEGO_TEST_POSTGRES_URL is set)")
-    url = await postgres_server.create_database()
+    url = await stoppable_postgres.create_database()
     await upgrade_database(url)
     store = await Store.open(url)
     writer = TurnWriter(
@@ -253,17 +249,17 @@ async def test_postgres_down_turns_spool_and_replay_exactly_once(
         session = await new_session(store)
         writer.submit(make_turn(session.id, 0))
         await writer.flush()
-        await asyncio.to_thread(postgres_server.stop)
+        await asyncio.to_thread(stoppable_postgres.stop)
         try:
             for seq in range(1, 40):
                 writer.submit(make_turn(session.id, seq))
             await eventually(lambda: writer.spooled >= 39)
             assert writer.pending == 0
         finally:
-            await asyncio.to_thread(postgres_server.start)
+            await asyncio.to_thread(stoppable_postgres.start)
         await asyncio.wait_for(writer.flush(), timeout=30)
         assert [t.seq for t in await store.list_turns(session.id)] == list(range(40))
     finally:
         await writer.close()
         await store.close()
-        await postgres_server.drop_database(url)
+        await stoppable_postgres.drop_database(url)

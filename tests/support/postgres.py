@@ -179,9 +179,10 @@ def _run_as_user() -> str | None:
 
 
 @contextmanager
-def running_postgres() -> Iterator[PostgresServer]:
+def running_postgres(*, own: bool = False) -> Iterator[PostgresServer]:
+    """``own``: always a throwaway cluster of our own (tests that stop and restart it)."""
     given = os.environ.get(ENV_URL)
-    if given:
+    if given and not own:
         yield PostgresServer(make_url(given))
         return
     bindir = find_bindir()
