@@ -121,10 +121,15 @@ def create_app(settings: Settings) -> FastAPI:
             # The journal is per process start: what a killed proxy journaled is an orphan
             # that this writer replays (idempotently) before anything else.
             journal_root = settings.data_dir / "journal"
-            journal = Journal(
-                Spool.open(journal_root / f"{socket.gethostname()}-{settings.port}-{time_ns()}")
+            journal = (
+                Journal(
+                    Spool.open(journal_root / f"{socket.gethostname()}-{settings.port}-{time_ns()}")
+                )
+                if settings.journal
+                else None
             )
-            orphans += Spool.orphans(journal_root, journal.directory)
+            own_journal = journal.directory if journal is not None else journal_root / "-"
+            orphans += Spool.orphans(journal_root, own_journal)
             writer = TurnWriter(
                 store, spool=spool, orphans=orphans, journal=journal, metrics=metrics
             )

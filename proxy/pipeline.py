@@ -162,7 +162,7 @@ class Pipeline:
         """Plan the prompt ids with the ledger; nothing is sent or recorded yet."""
         started = time.perf_counter()
         plan = self._ledger.plan(session.id, request)
-        if _may_be_stale(plan):
+        if _may_be_stale(plan, request):
             plan = await self._replan_if_stale(session, request, plan)
         prompt = plan.prompt_ids
         spec = session.spec
@@ -210,7 +210,7 @@ class Pipeline:
                     self._ledger.load(session.id, turns)
                     self._metrics.ledger_reloads.labels(outcome="reloaded").inc()
                     plan = self._ledger.plan(session.id, request)
-                    if not _may_be_stale(plan):
+                    if not _may_be_stale(plan, request):
                         return plan
             except (TimeoutError, LegoError):
                 # Deliberately swallowed: inference goes on without the database.
@@ -421,10 +421,13 @@ _STALE_RECHECK_S = 0.1
 _DB_WAIT_S = 1.0
 
 
-def _may_be_stale(plan: PromptPlan) -> bool:
-    """A root or a fork may only mean this process has not seen the session's turns."""
+def _may_be_stale(plan: PromptPlan, request: ChatRequest) -> bool:
+    """A root or a fork may only mean this process has not seen the session's turns.
+
+    A root whose request carries no assistant message cannot continue anything, so it
+    needs no look at the database (the first turn of every session)."""
     if plan.classification is Classification.ROOT:
-        return True
+        return _continues_history(plan, request)
     return plan.classification is Classification.FORK and plan.fork_reason not in _FRESH_FORKS
 
 

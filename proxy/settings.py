@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     pause_max_wait_s: float = 30.0
     pause_retry_after_s: float = 5.0
     pause_sync_s: float = 0.5  # how often a replica reads which runs are paused
+    # Write-ahead journal: a completed turn is fsync'd before the harness gets its last
+    # byte, so even SIGKILL loses no turn (costs about one group-committed fsync per turn).
+    journal: bool = True
     engine_args: str = ""  # extra CLI args for the embedded engine (e.g. "--script f.json")
     signing_secret: str | None = None  # unset: derived from the admin key
 

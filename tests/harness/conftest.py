@@ -31,6 +31,7 @@ def default_cache() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "lego-proxy" / "harness"
 
+
 INSTALL = Path(__file__).with_name("install.sh")
 _REPORTS = pytest.StashKey[list[RunReport]]()
 
