@@ -35,6 +35,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from bench.processes import percentile, start
 from engine.tiny import default_model_dir, ensure_tiny_model
 from proxy.threaded import free_port
 from recorder.migrate import upgrade_database
@@ -49,28 +50,6 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     completed: dict[str, int] = field(default_factory=dict)  # session id -> turns received
-
-
-def start(cmd: list[str], env: dict[str, str], url: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as sink:
-        process = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{cmd[:5]} exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    process.kill()
-    raise SystemExit(f"{cmd[:5]} did not start")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def replica_for(key: str, replicas: int) -> int:

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.processes import percentile, start
 from engine.tiny import default_model_dir, ensure_tiny_model
 from proxy.threaded import free_port
 
@@ -33,28 +33,6 @@ MESSAGES = [
     {"role": "system", "content": "You are a coding agent. Use the shell tool when useful."},
     {"role": "user", "content": "List the files in the repository and summarise them."},
 ]
-
-
-def start(cmd: list[str], env: dict[str, str], url: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as sink:
-        process = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{cmd[:4]} exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise SystemExit(f"{cmd[:4]} did not start")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def measure(
