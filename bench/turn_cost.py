@@ -2,9 +2,11 @@
 
 Builds agent sessions (tool call, ~500-token tool result, repeat) with the project's tiny
 tokenizer up to about 1k, 10k and 100k tokens, then times, at each length, a turn through
-the ledger (``plan`` with incremental rendering + ``commit``) and the baseline the ledger
-replaces (whole-conversation render + tokenize), in the same run. Targets (issue 3): the
-ledger's turn at 100k within 2x of its turn at 1k, and at least 20x below the baseline.
+the ledger (``plan`` with incremental rendering + ``commit``) of the next turn, a real
+extend of the last one (repeated with other tool results), and the baseline the ledger
+replaces (whole-conversation render + tokenize of the same requests), in the same run.
+Targets (issue 3): the ledger's turn at 100k within 2x of its turn at 1k, and at least 20x
+below the baseline.
 
     python -m bench.turn_cost
 """
@@ -42,8 +44,8 @@ def answer(turn: int) -> Message:
     return Message(role="assistant", content="", reasoning="Look again.", tool_calls=(call,))
 
 
-def result(turn: int) -> Message:
-    text = "".join(OUTPUT_LINE.format(turn * 100 + i) for i in range(24))
+def result(turn: int, salt: int = 0) -> Message:
+    text = "".join(OUTPUT_LINE.format(turn * 100 + i + salt * 7919) for i in range(24))
     return Message(role="tool", content=text, tool_call_id=f"c{turn}")
 
 
@@ -86,15 +88,16 @@ def main() -> None:
             turn += 1
             if len(plan.prompt_ids) >= target:
                 break
-        # Time the next turn repeatedly; each repetition commits a sibling, so the
-        # conversation's length stays put.
-        req = request(history)
-        message = answer(turn)
-        output = sampled(tokenizer, message)
+        # Time the turn after it, many times over: each repetition sends the same history
+        # with another tool result (a real extend of the same turn, at the same length;
+        # re-sending one identical request would time the retry look-up instead).
+        answered = history[:-1]  # ends with the last committed turn's answer
         ledger_s: list[float] = []
         baseline_s: list[float] = []
-        for _ in range(REPEATS):
-            req = request(history)
+        for repetition in range(REPEATS):
+            req = request([*answered, result(turn - 1, salt=repetition + 1)])
+            message = answer(turn)
+            output = sampled(tokenizer, message)
             started = time.perf_counter()
             plan = book.plan(session, req)
             book.commit(session, plan, req, output, message, uuid.uuid4().hex)
