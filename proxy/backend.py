@@ -39,6 +39,7 @@ import numpy as np
 import orjson
 
 from proxy.errors import BackendError, BackendUnavailable, ContextLengthExceeded
+from proxy.tokens import TokenIds
 from recorder.records import RoutedExperts
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
@@ -56,7 +57,7 @@ class ExpertShape:
 
 @dataclass(frozen=True, slots=True)
 class GenerateCall:
-    input_ids: tuple[int, ...]
+    input_ids: Sequence[int]  # TokenIds on the hot path: serialised from its int32 array
     sampling_params: dict[str, object]
     rid: str
     routing_key: str
@@ -225,7 +226,9 @@ class SGLangBackend:
 
     async def _send(self, worker: _Worker, call: GenerateCall) -> httpx.Response:
         body: dict[str, object] = {
-            "input_ids": list(call.input_ids),
+            "input_ids": call.input_ids.array
+            if isinstance(call.input_ids, TokenIds)
+            else list(call.input_ids),
             "sampling_params": call.sampling_params,
             "rid": call.rid,
             "stream": True,
@@ -236,7 +239,10 @@ class SGLangBackend:
             body["routed_experts_start_len"] = call.routed_experts_start_len
         headers = {ROUTING_KEY_HEADER: call.routing_key, "content-type": "application/json"}
         request = self._client.build_request(
-            "POST", f"{worker.url}/generate", content=orjson.dumps(body), headers=headers
+            "POST",
+            f"{worker.url}/generate",
+            content=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+            headers=headers,
         )
         return await self._client.send(request, stream=True)
 

@@ -52,6 +52,7 @@ from proxy.ledger import Classification, ForkReason, LedgerBook, PromptPlan
 from proxy.metrics import Metrics
 from proxy.parsing.parser import OutputParser
 from proxy.settings import Settings
+from proxy.tokens import TokenIds
 from recorder.records import RoutedExperts, SessionInfo, TurnRecord, TurnStatus, TurnTimings
 from recorder.store import Store
 from recorder.writer import TurnWriter
@@ -73,7 +74,7 @@ class PreparedTurn:
     session: SessionInfo
     request: ChatRequest
     plan: PromptPlan
-    prompt_ids: tuple[int, ...]
+    prompt_ids: TokenIds
     sampling_params: dict[str, object]
     starts_in_reasoning: bool
     received_at: float

@@ -16,6 +16,7 @@ Values that do not fit (a token id outside int32, a routing array that is not 3-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,7 @@ class EncodedExperts:
     dtype: str  # a key of _EXPERT_DTYPES
 
 
-def encode_ids(ids: tuple[int, ...]) -> bytes:
+def encode_ids(ids: Sequence[int]) -> bytes:
     try:
         return np.asarray(ids, dtype=_IDS).tobytes()
     except (OverflowError, ValueError, TypeError) as exc:

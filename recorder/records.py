@@ -11,6 +11,7 @@ absolute position ``start + j`` was fed through the model, shape ``[rows, layers
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -85,7 +86,7 @@ class TurnRecord:
     adapter: str
     requested_model: str
     status: TurnStatus
-    prompt_ids: tuple[int, ...]
+    prompt_ids: Sequence[int]  # a tuple when read back; the pipeline's int32 TokenIds
     output_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     routed_experts: RoutedExperts | None

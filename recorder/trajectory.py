@@ -67,7 +67,7 @@ class _Builder:
     spans: list[tuple[str, int, int]] = field(default_factory=list)
     last_extended: int = 0
 
-    def is_prefix_of(self, prompt: tuple[int, ...]) -> bool:
+    def is_prefix_of(self, prompt: Sequence[int]) -> bool:
         n = len(self.tokens)
         return len(prompt) >= n and list(prompt[:n]) == self.tokens
 

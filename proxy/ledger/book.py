@@ -6,10 +6,13 @@ Contract:
 - ``plan(session_id, request) -> PromptPlan``: synchronous, no IO, so atomic under
   asyncio. For an ``extend``/``realign`` the prompt is the matched turn's prompt ids +
   sampled ids (stop token included), then only the new messages rendered incrementally;
-  its cost grows with the new messages, plus one pass over the request's messages to
-  fingerprint them. ``root`` and ``fork`` render the whole conversation (the one full
-  render on the hot path; forks are rare) and report the longest token prefix shared with
-  any committed turn as ``reused_prefix_len`` and that turn as the parent.
+  its cost grows with the new messages. When the request re-sends one of the session's
+  recent requests unchanged (what harnesses do), the earlier messages are only compared
+  as objects (C speed, no hashing) and the prompt is one int32 copy (``TokenIds``); any
+  other request is fingerprinted whole and matched against every committed turn.
+  ``root`` and ``fork`` render the whole conversation (the one full render on the hot
+  path; forks are rare) and report the longest token prefix shared with any committed
+  turn as ``reused_prefix_len`` and that turn as the parent.
 - A retry (a request equal to one already answered) gets that turn's prompt again.
 - ``keep_reasoning=False`` mimics templates that drop the reasoning of answers before the
   last user query: a new user query after a turn whose tokens hold such reasoning forks
@@ -33,11 +36,19 @@ from transformers import PreTrainedTokenizerBase
 from proxy.canonical import ChatRequest, Message
 from proxy.ledger.classify import fork_reason
 from proxy.ledger.codec import decode_message, decode_request
-from proxy.ledger.fingerprint import FREE_SEED, Fingerprinter, Fingerprints, chain, system_text
+from proxy.ledger.fingerprint import (
+    FREE_SEED,
+    Fingerprinter,
+    Fingerprints,
+    chain,
+    effective_tools,
+    system_text,
+)
 from proxy.ledger.incremental import IncrementalRenderer
 from proxy.ledger.plan import Classification, ForkReason, PromptPlan
-from proxy.ledger.tree import SessionTree, Turn
+from proxy.ledger.tree import Sent, SessionTree, Turn, shared_length
 from proxy.render import Renderer
+from proxy.tokens import TokenIds
 from recorder.records import TurnRecord, TurnStatus
 
 _CONTINUATIONS = (Classification.EXTEND, Classification.REALIGN)
@@ -62,20 +73,29 @@ class LedgerBook:
         tree = self._sessions.get(session_id)
         return len(tree.nodes) if tree is not None else 0
 
+    def tree(self, session_id: str) -> SessionTree | None:
+        """The session's tree, for inspection (tests, tools); never mutate it."""
+        return self._sessions.get(session_id)
+
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 
     # -- planning ---------------------------------------------------------------
     def plan(self, session_id: str, request: ChatRequest) -> PromptPlan:
-        fingerprints = self._fingerprinter.of(request)
         tree = self._sessions.get(session_id)
         if tree is None or not tree.nodes:
-            prompt = tuple(self._renderer.render(request))
+            prompt = TokenIds(self._renderer.render(request))
+            fingerprints = self._fingerprinter.of(request)
             return PromptPlan(
                 prompt, Classification.ROOT, None, None, 0, len(request.messages), fingerprints
             )
-        match = tree.match(request.messages, fingerprints)
-        fingerprints = replace(fingerprints, prefixes=match.prefixes)
+        fast = tree.continuation(request, self._fingerprinter)
+        if fast is not None:
+            match, fingerprints = fast
+        else:
+            fingerprints = self._fingerprinter.of(request)
+            match = tree.match(request.messages, fingerprints)
+            fingerprints = replace(fingerprints, prefixes=match.prefixes)
         retried = self._retried(tree, request, fingerprints)
         if retried is not None:
             return retried
@@ -87,9 +107,8 @@ class LedgerBook:
                 and turn.carries_reasoning
                 and any(m.role == "user" for m in new)
             ):
-                prompt = tuple(self._renderer.render(request))
-                head, rest = tree.token_parts(turn)
-                reused = _shared(prompt, head + rest if rest else head)
+                prompt = TokenIds(self._renderer.render(request))
+                reused = shared_length(prompt, tree.tokens(turn))
                 return PromptPlan(
                     prompt,
                     Classification.FORK,
@@ -101,7 +120,7 @@ class LedgerBook:
                 )
             return self._continue(tree, turn, new, request, fingerprints)
         reason = fork_reason(tree, request, fingerprints)
-        prompt = tuple(self._renderer.render(request))
+        prompt = TokenIds(self._renderer.render(request))
         parent, reused = tree.common_prefix(prompt)
         return PromptPlan(
             prompt,
@@ -121,11 +140,9 @@ class LedgerBook:
         request: ChatRequest,
         fingerprints: Fingerprints,
     ) -> PromptPlan:
-        head, rest = tree.token_parts(turn)
         closing = () if turn.ended_with_eos else self._incremental.closing_ids
         suffix = self._incremental.suffix_ids(new, request.enable_thinking)
-        # One copy of the long head per turn: the short pieces are joined first.
-        prompt = head + (rest + closing + suffix)
+        prompt = TokenIds.join(tree.tokens(turn), closing, suffix)  # one copy per turn
         return PromptPlan(
             prompt,
             Classification.EXTEND if turn.ended_with_eos else Classification.REALIGN,
@@ -142,12 +159,7 @@ class LedgerBook:
         for turn in tree.by_request.get(fingerprints.request, ()):
             if turn.enable_thinking != request.enable_thinking:
                 continue
-            head, rest = tree.token_parts(turn)
-            prompt = (
-                head[: turn.prompt_len]
-                if len(head) >= turn.prompt_len
-                else ((head + rest)[: turn.prompt_len])
-            )
+            prompt = tree.tokens(turn)[: turn.prompt_len]
             return PromptPlan(
                 prompt,
                 turn.classification,
@@ -177,7 +189,7 @@ class LedgerBook:
             request=request,
             fingerprints=plan.fingerprints,
             prompt_ids=plan.prompt_ids,
-            output_ids=tuple(output_ids),
+            output_ids=TokenIds(output_ids),
             message=message,
             classification=plan.classification,
             reason=plan.fork_reason,
@@ -198,9 +210,10 @@ class LedgerBook:
             classification = _classification(record.classification)
             parent = tree.nodes.get(record.parent_turn_id or "")
             reused = record.reused_prefix_len if parent is not None else 0
+            prompt_ids = TokenIds(record.prompt_ids)
             if parent is not None and reused:
                 shared = tree.tokens(parent)[:reused]
-                if len(shared) < reused or record.prompt_ids[:reused] != shared:
+                if len(shared) < reused or prompt_ids[:reused] != shared:
                     reused = 0  # an inconsistent record: store its tokens whole
             new_count = len(request.messages)
             if classification in _CONTINUATIONS and match.turn is not None:
@@ -210,8 +223,8 @@ class LedgerBook:
                 turn_id=record.id,
                 request=request,
                 fingerprints=fingerprints,
-                prompt_ids=record.prompt_ids,
-                output_ids=record.output_ids,
+                prompt_ids=prompt_ids,
+                output_ids=TokenIds(record.output_ids),
                 message=decode_message(record.response_message),
                 classification=classification,
                 reason=_reason(record.fork_reason),
@@ -228,8 +241,8 @@ class LedgerBook:
         turn_id: str,
         request: ChatRequest,
         fingerprints: Fingerprints,
-        prompt_ids: tuple[int, ...],
-        output_ids: tuple[int, ...],
+        prompt_ids: TokenIds,
+        output_ids: TokenIds,
         message: Message,
         classification: Classification,
         reason: ForkReason | None,
@@ -255,9 +268,9 @@ class LedgerBook:
             turn_id=turn_id,
             parent_id=parent.turn_id if parent is not None else None,
             base_len=base_len,
-            tail=(prompt_ids + output_ids)[base_len:]
-            if base_len > len(prompt_ids) or not base_len
-            else prompt_ids[base_len:] + output_ids,
+            tail=TokenIds.join(prompt_ids, output_ids)[base_len:]
+            if base_len > len(prompt_ids)
+            else TokenIds.join(prompt_ids[base_len:], output_ids),
             length=len(prompt_ids) + len(output_ids),
             prompt_len=len(prompt_ids),
             classification=classification,
@@ -273,15 +286,19 @@ class LedgerBook:
             conversation_fp=chain(fingerprints.request, answer),
             free_conversation_fp=chain(free_before, answer),
         )
-        tree.add(turn, prompt_ids, output_ids, fingerprints)
-
-
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
-    limit = min(len(a), len(b))
-    index = 0
-    while index < limit and a[index] == b[index]:
-        index += 1
-    return index
+        tree.add(turn, TokenIds.join(prompt_ids, output_ids), fingerprints)
+        parent_sent = tree.recent.get(parent.turn_id) if parent is not None else None
+        if (
+            fingerprints.offset
+            and parent_sent is not None
+            and len(parent_sent.messages) == fingerprints.offset
+        ):
+            # The request re-sent the parent's messages unchanged (the fast path's test):
+            # keep the parent's objects rather than a second copy of the conversation.
+            sent = parent_sent.messages + messages[fingerprints.offset :]
+        else:
+            sent = messages
+        tree.remember_sent(turn_id, Sent(sent, effective_tools(request), free_before))
 
 
 def _classification(value: str) -> Classification:

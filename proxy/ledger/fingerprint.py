@@ -14,6 +14,9 @@ Contract: ``Fingerprinter.of(request)`` returns ``Fingerprints`` whose ``prefixe
 the fingerprint of (tool set, messages[:i + 1]) and ``free[i]`` that of the messages up to
 ``i`` without the tool set and without a leading system message; equal fingerprints mean
 equal normalised sequences (128-bit digests; collisions are not a practical concern).
+Fingerprints with ``offset > 0`` list only messages from ``offset`` on (``prefixes[i]`` is
+that of messages[:offset + i + 1]): the ledger's fast path, which knows the earlier
+prefixes already, computes no more than that.
 ``extend(fingerprint, message)`` continues a chain. Message digests are memoised per
 fingerprinter (the harness re-sends the same messages every turn), bounded in size.
 """
@@ -39,6 +42,7 @@ class Fingerprints:
     digests: tuple[bytes, ...]  # one per message, normalised
     prefixes: tuple[bytes, ...]
     free: tuple[bytes, ...]
+    offset: int = 0  # the message index of digests[0], prefixes[0] and free[0]
 
     @property
     def request(self) -> bytes:

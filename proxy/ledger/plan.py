@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from proxy.ledger.fingerprint import Fingerprints
+from proxy.tokens import TokenIds
 
 
 class Classification(StrEnum):
@@ -36,7 +37,7 @@ class ForkReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class PromptPlan:
-    prompt_ids: tuple[int, ...]
+    prompt_ids: TokenIds
     classification: Classification
     fork_reason: ForkReason | None
     parent_turn_id: str | None

@@ -11,11 +11,17 @@ Owns ``Turn`` (a node: what one completed turn answered, produced and saw as tok
 - ``prefixes``/``free_prefixes``: every prefix of every node's conversation, with and
   without the context, so fork classification can say how far a request agrees.
 
+``recent`` keeps, for the last few committed nodes, the request messages each answered
+(``Sent``). ``continuation`` recognises the common case, a harness re-sending such a
+request unchanged followed by the answer and new tool results or user text, with one
+C-level comparison of message objects and fingerprints of only the answer and the new
+messages; it returns exactly what ``match`` would, or ``None`` to let ``match`` decide.
+
 Tokens are stored as a chain: a node keeps its parent's first ``base_len`` tokens by
 reference and only its own ``tail``; ``tokens(node)`` materialises, with a small cache of
-recent nodes so that a run of extends never copies the conversation more than once per
-turn. ``common_prefix`` finds the longest token prefix a prompt shares with any node in
-O(total stored tokens) without materialising any of them.
+recent nodes so that a run of extends copies the conversation (int32 ``TokenIds``, one
+memcpy) at most once per turn. ``common_prefix`` finds the longest token prefix a prompt
+shares with any node in O(total stored tokens), vectorised, without materialising any.
 """
 
 from __future__ import annotations
@@ -24,12 +30,22 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from proxy.canonical import Message
-from proxy.ledger.fingerprint import Fingerprints, chain, normalised_content, same_tool_calls
-from proxy.ledger.plan import Classification, ForkReason
+import numpy as np
 
-_CHUNK = 512
+from proxy.canonical import ChatRequest, Message, ToolSpec
+from proxy.ledger.fingerprint import (
+    Fingerprinter,
+    Fingerprints,
+    chain,
+    effective_tools,
+    normalised_content,
+    same_tool_calls,
+)
+from proxy.ledger.plan import Classification, ForkReason
+from proxy.tokens import TokenIds
+
 _TOKEN_CACHE_SIZE = 8
+_RECENT_SIZE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +53,7 @@ class Turn:
     turn_id: str
     parent_id: str | None
     base_len: int  # leading tokens shared with the parent (its reused prefix)
-    tail: tuple[int, ...]  # this node's tokens after base_len
+    tail: TokenIds  # this node's tokens after base_len
     length: int
     prompt_len: int
     classification: Classification
@@ -57,6 +73,15 @@ class Turn:
 
 
 @dataclass(frozen=True, slots=True)
+class Sent:
+    """The request a recent node answered, as the harness sent it."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...]  # the effective tool set
+    free: bytes  # the fingerprint of ``messages`` without tools and leading system prompt
+
+
+@dataclass(frozen=True, slots=True)
 class Match:
     turn: Turn | None  # the deepest node whose conversation prefixes the request
     covered: int  # request messages that conversation covers
@@ -71,9 +96,8 @@ class SessionTree:
     prefixes: set[bytes] = field(default_factory=set)
     free_prefixes: set[bytes] = field(default_factory=set)
     longest: dict[tuple[str | None, bytes], int] = field(default_factory=dict)
-    _tokens: OrderedDict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(
-        default_factory=OrderedDict
-    )
+    _tokens: OrderedDict[str, TokenIds] = field(default_factory=OrderedDict)
+    recent: OrderedDict[str, Sent] = field(default_factory=OrderedDict)
 
     def __iter__(self) -> Iterator[Turn]:
         return iter(self.nodes.values())
@@ -82,8 +106,7 @@ class SessionTree:
     def add(
         self,
         turn: Turn,
-        prompt_ids: tuple[int, ...],
-        output_ids: tuple[int, ...],
+        tokens: TokenIds,
         fingerprints: Fingerprints,
     ) -> None:
         if turn.base_len and (turn.parent_id is None or turn.parent_id not in self.nodes):
@@ -98,9 +121,74 @@ class SessionTree:
         count = turn.message_count + 1
         if self.longest.get(turn.context, 0) < count:
             self.longest[turn.context] = count
-        self._remember(turn.turn_id, prompt_ids, output_ids)
+        self._remember(turn.turn_id, tokens)
+
+    def remember_sent(self, turn_id: str, sent: Sent) -> None:
+        self.recent[turn_id] = sent
+        self.recent.move_to_end(turn_id)
+        while len(self.recent) > _RECENT_SIZE:
+            self.recent.popitem(last=False)
 
     # -- matching ---------------------------------------------------------------
+    def continuation(
+        self, request: ChatRequest, fingerprinter: Fingerprinter
+    ) -> tuple[Match, Fingerprints] | None:
+        """``match``'s answer for a recent node's request re-sent as it was, else ``None``.
+
+        The messages before the answer are compared as objects (equal objects have equal
+        fingerprints), so only the answer and the new messages are fingerprinted; the
+        returned fingerprints start at the answer (``offset``).
+        """
+        messages = request.messages
+        tools: tuple[ToolSpec, ...] | None = None
+        for turn_id in reversed(self.recent):
+            sent = self.recent[turn_id]
+            count = len(sent.messages)
+            if len(messages) <= count or messages[count].role != "assistant":
+                continue
+            if tools is None:
+                tools = effective_tools(request)
+            if sent.tools != tools or messages[:count] != sent.messages:
+                continue
+            new = messages[count + 1 :]
+            if any(m.role == "assistant" for m in new):
+                return None  # a deeper conversation: ``match`` walks it
+            self.recent.move_to_end(turn_id)  # continued again and again: keep it
+            return self._continued(self.nodes[turn_id], sent, messages[count], new, fingerprinter)
+        return None
+
+    def _continued(
+        self,
+        turn: Turn,
+        sent: Sent,
+        answer: Message,
+        new: Sequence[Message],
+        fingerprinter: Fingerprinter,
+    ) -> tuple[Match, Fingerprints] | None:
+        digest = fingerprinter.message(answer)
+        following = chain(turn.request_fp, digest)
+        if following not in self.by_conversation:
+            trimmed = self._trimmed_answer(turn.request_fp, answer)
+            if trimmed is None:
+                return None
+            following = trimmed.conversation_fp
+        best = self.by_conversation.get(following)
+        if best is None:
+            return None
+        digests = [digest]
+        prefixes = [following]
+        free = [chain(sent.free, digest)]
+        for message in new:
+            digest = fingerprinter.message(message)
+            digests.append(digest)
+            prefixes.append(chain(prefixes[-1], digest))
+            free.append(chain(free[-1], digest))
+        count = len(sent.messages)
+        fingerprints = Fingerprints(
+            turn.context[1], tuple(digests), tuple(prefixes), tuple(free), offset=count
+        )
+        return Match(best, count + 1, fingerprints.prefixes), fingerprints
+
     def match(self, messages: Sequence[Message], fingerprints: Fingerprints) -> Match:
         best: Turn | None = None
         covered = 0
@@ -130,40 +218,36 @@ class SessionTree:
         return None
 
     # -- tokens -------------------------------------------------------------------
-    def tokens(self, turn: Turn) -> tuple[int, ...]:
-        head, rest = self.token_parts(turn)
-        return head + rest if rest else head
-
-    def token_parts(self, turn: Turn) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The node's tokens as two tuples to concatenate (cheap for recent nodes)."""
+    def tokens(self, turn: Turn) -> TokenIds:
+        """The node's prompt + sampled ids (a cache hit for recent nodes)."""
         cached = self._tokens.get(turn.turn_id)
         if cached is not None:
             self._tokens.move_to_end(turn.turn_id)
             return cached
         path: list[Turn] = []
         node: Turn | None = turn
-        start: list[int] = []
+        start = TokenIds()
         while node is not None:
             hit = self._tokens.get(node.turn_id)
             if hit is not None:
-                start = [*hit[0], *hit[1]]
+                start = hit
                 break
             path.append(node)
             node = self.nodes.get(node.parent_id) if node.parent_id and node.base_len else None
-        for step in reversed(path):
-            del start[step.base_len :]
-            start.extend(step.tail)
-        tokens = tuple(start)
-        self._remember(turn.turn_id, tokens, ())
-        return tokens, ()
+        pieces = [start]
+        for step in reversed(path):  # each step keeps base_len ids of what came before
+            pieces = [*_truncated(pieces, step.base_len), step.tail]
+        tokens = TokenIds.join(*pieces)
+        self._remember(turn.turn_id, tokens)
+        return tokens
 
-    def _remember(self, turn_id: str, head: tuple[int, ...], rest: tuple[int, ...]) -> None:
-        self._tokens[turn_id] = (head, rest)
+    def _remember(self, turn_id: str, tokens: TokenIds) -> None:
+        self._tokens[turn_id] = tokens
         self._tokens.move_to_end(turn_id)
         while len(self._tokens) > _TOKEN_CACHE_SIZE:
             self._tokens.popitem(last=False)
 
-    def common_prefix(self, prompt: Sequence[int]) -> tuple[Turn | None, int]:
+    def common_prefix(self, prompt: TokenIds) -> tuple[Turn | None, int]:
         """The node sharing the longest token prefix with ``prompt`` (closest on ties)."""
         shared: dict[str, int] = {}
         best: Turn | None = None
@@ -183,16 +267,23 @@ class SessionTree:
         return best, best_len
 
 
-def _shared_run(prompt: Sequence[int], offset: int, tail: Sequence[int]) -> int:
-    """How many of ``tail``'s leading ids equal ``prompt[offset:]``'s, chunk by chunk."""
-    limit = min(len(prompt) - offset, len(tail))
-    done = 0
-    while done < limit:
-        step = min(_CHUNK, limit - done)
-        if prompt[offset + done : offset + done + step] == tail[done : done + step]:
-            done += step
-            continue
-        while prompt[offset + done] == tail[done]:
-            done += 1
-        return done
-    return done
+def _truncated(pieces: list[TokenIds], length: int) -> list[TokenIds]:
+    kept: list[TokenIds] = []
+    for piece in pieces:
+        if length <= 0:
+            break
+        kept.append(piece if len(piece) <= length else piece[:length])
+        length -= len(piece)
+    return kept
+
+
+def _shared_run(prompt: TokenIds, offset: int, tail: TokenIds) -> int:
+    """How many of ``tail``'s leading ids equal ``prompt[offset:]``'s."""
+    return shared_length(prompt[offset:], tail)
+
+
+def shared_length(a: TokenIds, b: TokenIds) -> int:
+    """The length of the longest common prefix of two id sequences (vectorised)."""
+    limit = min(len(a), len(b))
+    differ = np.flatnonzero(a.array[:limit] != b.array[:limit])
+    return int(differ[0]) if differ.size else limit
