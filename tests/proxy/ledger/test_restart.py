@@ -14,6 +14,7 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from proxy.canonical import ChatRequest, Message
+from proxy.conversations import recorded_requests
 from proxy.ledger import LedgerBook, PromptPlan, decode_message, decode_request
 from recorder.records import SessionSpec, TurnRecord, TurnStatus
 from recorder.store import Store
@@ -121,7 +122,7 @@ async def test_a_rebuilt_ledger_extends_with_the_same_ids(
     ] == [(r.parent_turn_id, r.classification, r.fork_reason, r.reused_prefix_len) for r in records]
     rebuilt = LedgerBook(tokenizer)
     assert not rebuilt.has(session.id)
-    rebuilt.load(session.id, stored)
+    rebuilt.load(session.id, stored, recorded_requests(session.id, stored))
     assert rebuilt.has(session.id)
 
     follow = request(SYSTEM, USER, A1, T1, A2, Message(role="user", content="Continue."))
