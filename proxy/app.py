@@ -29,6 +29,7 @@ from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter
 from proxy.adapters.signing import ReasoningSigner
 from proxy.backend import ExpertShape, SGLangBackend
+from proxy.conversations import ConversationBook
 from proxy.embedded import EmbeddedEngine
 from proxy.errors import LegoError, NotFound
 from proxy.gate import RunGate
@@ -142,10 +143,12 @@ def create_app(settings: Settings) -> FastAPI:
             sessions = SessionCache(store)
             ledger = LedgerBook(tokenizer, keep_reasoning=settings.keep_reasoning)
             ledger.self_check()  # refuse a template the ledger cannot render incrementally
+            conversations = ConversationBook()
             pipeline = Pipeline(
                 settings=settings,
                 tokenizer=tokenizer,
                 ledger=ledger,
+                conversations=conversations,
                 backend=backend,
                 store=store,
                 writer=writer,
@@ -160,6 +163,7 @@ def create_app(settings: Settings) -> FastAPI:
                 writer=writer,
                 sessions=sessions,
                 pipeline=pipeline,
+                conversations=conversations,
                 adapters={
                     adapter.name: adapter
                     for adapter in (chat_adapter, messages_adapter, responses_adapter)

@@ -46,6 +46,7 @@ from proxy.canonical import (
     TurnFinished,
     Usage,
 )
+from proxy.conversations import ConversationBook, recorded_requests
 from proxy.errors import BackendError, ContextLengthExceeded, LegoError
 from proxy.gate import RunGate
 from proxy.ledger import Classification, ForkReason, LedgerBook, PromptPlan
@@ -137,6 +138,7 @@ class Pipeline:
         settings: Settings,
         tokenizer: PreTrainedTokenizerBase,
         ledger: LedgerBook,
+        conversations: ConversationBook,
         backend: SGLangBackend,
         store: Store,
         writer: TurnWriter,
@@ -147,6 +149,7 @@ class Pipeline:
         self._settings = settings
         self._tokenizer = tokenizer
         self._ledger = ledger
+        self._conversations = conversations
         self._backend = backend
         self._store = store
         self._writer = writer
@@ -208,7 +211,9 @@ class Pipeline:
                 )
                 if recorded > self._ledger.size(session.id):
                     turns = await asyncio.wait_for(self._store.list_turns(session.id), _DB_WAIT_S)
-                    self._ledger.load(session.id, turns)
+                    requests = recorded_requests(session.id, turns)
+                    self._ledger.load(session.id, turns, requests)
+                    self._conversations.load(session.id, turns, requests)
                     self._metrics.ledger_reloads.labels(outcome="reloaded").inc()
                     plan = self._ledger.plan(session.id, request)
                     if not _may_be_stale(plan, request):
@@ -263,19 +268,23 @@ class Pipeline:
                 matched_stop=matched,
             )
             status = TurnStatus.COMPLETED
+            answer = progress.message.canonical()
             self._ledger.commit(
-                turn.session.id,
-                turn.plan,
-                request,
-                progress.output_ids,
-                progress.message.canonical(),
-                turn.turn_id,
+                turn.session.id, turn.plan, request, progress.output_ids, answer, turn.turn_id
             )
             # Durable (journal fsync) before the harness sees the end of its answer, so that
             # no crash can fall between a completed response and its record. Shielded: a
             # disconnect now must not leave the turn half-submitted.
             record = self._record(turn, progress, parser, status, error)
             recorded = True
+            self._conversations.commit(
+                turn.session.id,
+                turn.turn_id,
+                turn.plan.parent_turn_id,
+                record.messages_inherited,
+                request,
+                answer,
+            )
             await asyncio.shield(self._writer.submit_durable(record))
             yield finished
         except (asyncio.CancelledError, GeneratorExit):
@@ -357,6 +366,10 @@ class Pipeline:
         end = progress.end
         now = time.perf_counter() - turn.started
         routed: RoutedExperts | None = end.routed_experts if end is not None else None
+        # Only what the request adds to its parent's conversation (linear storage).
+        encoded = self._conversations.encode(
+            turn.session.id, turn.plan.parent_turn_id, turn.request
+        )
         record = TurnRecord(
             id=turn.turn_id,
             session_id=turn.session.id,
@@ -371,7 +384,8 @@ class Pipeline:
             finish_reason=end.finish.type if end is not None else "error",
             weight_version=end.weight_version if end is not None else "",
             sampling_params=turn.sampling_params,
-            request_messages=orjson.dumps(turn.request),
+            request_messages=encoded.data,
+            messages_inherited=encoded.inherited,
             response_message=progress.message.to_json(),
             ignored_fields=turn.request.ignored_fields,
             malformed_tool_calls=parser.malformed_tool_calls,

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.adapters.base import Adapter
+from proxy.conversations import ConversationBook
 from proxy.metrics import Metrics
 from proxy.pipeline import Pipeline
 from proxy.sessions import SessionCache
@@ -22,6 +23,7 @@ class AppState:
     writer: TurnWriter
     sessions: SessionCache
     pipeline: Pipeline
+    conversations: ConversationBook  # completed turns' whole requests (previous_response_id)
     adapters: dict[str, Adapter]
     served_model_name: str
     models_response: Callable[[Sequence[str], int], bytes]

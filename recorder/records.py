@@ -93,7 +93,12 @@ class TurnRecord:
     finish_reason: str  # backend finish type: stop | length | abort | error
     weight_version: str
     sampling_params: dict[str, object] = field(default_factory=dict)
-    request_messages: bytes = b""  # canonical request as JSON (orjson), for inspection
+    # The canonical request as a JSON object, stored linearly (``recorder.conversations``):
+    # the whole request when ``messages_inherited`` is None; else the request continues
+    # ``parent_turn_id``'s conversation (its request messages, then its answer), whose first
+    # ``messages_inherited`` messages are not repeated here, nor fields equal to the parent's.
+    request_messages: bytes = b""
+    messages_inherited: int | None = None
     response_message: bytes = b""  # parsed assistant message as JSON
     ignored_fields: tuple[str, ...] = ()
     malformed_tool_calls: int = 0

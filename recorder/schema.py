@@ -13,7 +13,10 @@ Linear storage: a turn that continues a parent stores only ``prompt_ids`` after
 ``prompt_offset`` (the ids shared with the parent's prompt + output); readers rebuild the
 full prompt by walking ``parent_turn_id`` within the session (``store``). On Postgres the
 array columns are stored uncompressed (``STORAGE EXTERNAL``, migration 0003): token ids and
-routing ids barely compress, and trying costs ingest throughput.
+routing ids barely compress, and trying costs ingest throughput. Requests are stored the
+same way (migration 0005): a turn that continues its parent's conversation stores only the
+messages it adds, and ``messages_inherited`` says how many leading messages it shares with
+that conversation (``recorder.conversations`` owns the format and the rebuild).
 
 Export bookkeeping: ``weight_versions`` is the announced policy order of a run;
 ``group_leases`` holds one row per prompt group ever handed out (or skipped), pointing at
@@ -127,6 +130,9 @@ turns = Table(
     Column("created_at", Double, nullable=False),
     Column("prompt_offset", Integer, nullable=False, server_default="0"),
     Column("weight_version_spans", JsonColumn, nullable=True),
+    # NULL: request_messages holds the whole request; n: its first n messages are the
+    # parent's conversation's (recorder.conversations).
+    Column("messages_inherited", Integer, nullable=True),
     # Not unique: replicas stamp seq independently, and a clash must never cost a turn.
     Index(None, "session_id", "seq"),
 )

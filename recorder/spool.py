@@ -88,6 +88,8 @@ def decode_row(payload: bytes) -> StoredTurn:
             at += length
     if at != len(payload):
         raise ValueError(f"spool record has {len(payload) - at} trailing bytes")
+    # Spooled by a proxy older than migration 0005: its request is whole.
+    row.setdefault("messages_inherited", None)
     return StoredTurn(id=str(row["id"]), row=row)
 
 

@@ -16,6 +16,9 @@ Contract:
   ``list_turns`` rebuilds every full prompt by walking the parent chain inside the session
   (each parent resolved once per call), so a session's bytes grow with its new tokens,
   not with turns x context. A parent outside the session raises ``RecorderError``.
+- Requests are stored linearly too (``recorder.conversations``): ``list_turns`` gives back
+  ``request_messages``/``messages_inherited`` as written; ``conversations`` rebuilds whole
+  requests for a session, or for some of its turns, from one query.
 - A vector reward is stored in ``reward_vector`` (``reward`` stays NULL) and read back as a
   tuple of floats.
 """
@@ -25,7 +28,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from proxy.errors import Conflict, LegoError, NotFound, RecorderError
 from recorder import codec
+from recorder.conversations import Conversation, StoredRequest, rebuild
 from recorder.database import create_engine, describe_error, is_sqlite, parse_url
 from recorder.records import (
     RunInfo,
@@ -252,21 +256,45 @@ class Store:
         async with self._transaction(f"write {len(rows)} turns") as conn:
             await conn.execute(self._insert_turns_ignoring_known_ids(), rows)
 
-    async def turn_conversation(
-        self, session_id: str, turn_id: str
-    ) -> tuple[TurnStatus, bytes, bytes] | None:
-        """One turn's status, recorded request and answer (JSON), without its token arrays."""
-        async with self._transaction(f"read turn {turn_id}") as conn:
-            row = (
-                await conn.execute(
-                    select(turns.c.status, turns.c.request_messages, turns.c.response_message)
-                    .where(turns.c.session_id == session_id)
-                    .where(turns.c.id == turn_id)
-                )
-            ).first()
-        if row is None:
-            return None
-        return TurnStatus(row.status), bytes(row.request_messages), bytes(row.response_message)
+    async def conversations(
+        self,
+        session_id: str,
+        turn_ids: Collection[str] | None = None,
+        *,
+        completed_only: bool = False,
+    ) -> dict[str, Conversation]:
+        """Whole recorded requests (and answers) of a session's turns, all by default.
+
+        One query reads the session's request columns, no token arrays; each parent chain
+        is resolved once (``recorder.conversations.rebuild``). Unknown ids are left out,
+        and so are turns that did not complete when ``completed_only``."""
+        async with self._transaction(f"read requests of session {session_id}") as conn:
+            result = await conn.execute(
+                select(
+                    turns.c.id,
+                    turns.c.status,
+                    turns.c.parent_turn_id,
+                    turns.c.messages_inherited,
+                    turns.c.request_messages,
+                    turns.c.response_message,
+                ).where(turns.c.session_id == session_id)
+            )
+            rows = result.all()
+        wanted = [row.id for row in rows] if turn_ids is None else list(turn_ids)
+        if completed_only:
+            completed = {row.id for row in rows if row.status == TurnStatus.COMPLETED.value}
+            wanted = [turn_id for turn_id in wanted if turn_id in completed]
+        stored = [
+            StoredRequest(
+                row.id,
+                row.parent_turn_id,
+                row.messages_inherited,
+                bytes(row.request_messages),
+                bytes(row.response_message),
+            )
+            for row in rows
+        ]
+        return rebuild(session_id, stored, wanted)
 
     async def count_completed_turns(self, session_id: str) -> int:
         """Completed turns of a session: a replica compares it with what its ledger holds."""
@@ -378,6 +406,7 @@ def _turn_to_row(record: TurnRecord) -> dict[str, object]:
         "routed_experts_dtype": experts.dtype if experts else None,
         "sampling_params": record.sampling_params,
         "request_messages": record.request_messages,
+        "messages_inherited": record.messages_inherited,
         "response_message": record.response_message,
         "ignored_fields": list(record.ignored_fields),
         "malformed_tool_calls": record.malformed_tool_calls,
@@ -466,6 +495,7 @@ def _row_to_turn(row: Mapping[Any, Any], prompt_ids: tuple[int, ...]) -> TurnRec
         weight_version=row["weight_version"],
         sampling_params=row["sampling_params"],
         request_messages=bytes(row["request_messages"]),
+        messages_inherited=row["messages_inherited"],
         response_message=bytes(row["response_message"]),
         ignored_fields=tuple(row["ignored_fields"]),
         malformed_tool_calls=row["malformed_tool_calls"],

@@ -135,10 +135,6 @@ class TurnWriter:
                 self._run(), name="lego-turn-writer"
             )
 
-    def pending_turn(self, turn_id: str) -> TurnRecord | None:
-        """A submitted turn not yet written (read-your-writes before the database has it)."""
-        return next((turn for turn in self._queue if turn.id == turn_id), None)
-
     async def submit_durable(self, turn: TurnRecord) -> None:
         """``submit``, after the turn is fsync'd in the journal (when there is one).
 

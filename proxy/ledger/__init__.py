@@ -9,8 +9,10 @@ Integration in a pipeline::
     ... generate from plan.prompt_ids ...
     book.commit(session.id, plan, request, output_ids, message, turn_id)  # on completion
 
-and ``book.load(session.id, await store.list_turns(session.id))`` when ``book.has`` is
-false for a session that already has turns (restart, another replica).
+and ``book.load(session.id, turns, recorded_requests(session.id, turns))`` with
+``turns = await store.list_turns(session.id)`` when ``book.has`` is false for a session
+that already has turns (restart, another replica); ``proxy.conversations`` rebuilds the
+whole requests, which the recorder stores linearly.
 """
 
 from proxy.ledger.book import LedgerBook

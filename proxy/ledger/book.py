@@ -19,23 +19,24 @@ Contract:
   (``reasoning_dropped``) with a whole render, so the prompt is what the template gives.
 - ``commit(...)`` adds a completed turn; nothing else mutates a session, so concurrent
   plans of one session (sub-agents, side requests) need no lock.
-- ``load(session_id, turns)`` rebuilds a session from recorded turns (completed ones
-  become nodes, in seq order), replacing what was held; plans afterwards are the same as
-  before the restart.
+- ``load(session_id, turns, requests)`` rebuilds a session from recorded turns (completed
+  ones become nodes, in seq order) and their whole requests by turn id (stored linearly,
+  see ``proxy.conversations.recorded_requests``), replacing what was held; plans
+  afterwards are the same as before the restart.
 - Template and rendering errors raise ``InvalidRequest``; ``self_check`` raises
   ``LegoError`` when the served template cannot be rendered incrementally.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from transformers import PreTrainedTokenizerBase
 
 from proxy.canonical import ChatRequest, Message
 from proxy.ledger.classify import fork_reason
-from proxy.ledger.codec import decode_message, decode_request
+from proxy.ledger.codec import decode_message
 from proxy.ledger.fingerprint import (
     FREE_SEED,
     Fingerprinter,
@@ -198,12 +199,17 @@ class LedgerBook:
             new_message_count=plan.new_message_count,
         )
 
-    def load(self, session_id: str, turns: Sequence[TurnRecord]) -> None:
+    def load(
+        self,
+        session_id: str,
+        turns: Sequence[TurnRecord],
+        requests: Mapping[str, ChatRequest],
+    ) -> None:
         tree = SessionTree()
         for record in sorted(turns, key=lambda r: r.seq):
             if record.status is not TurnStatus.COMPLETED:
                 continue
-            request = decode_request(record.request_messages)
+            request = requests[record.id]
             fingerprints = self._fingerprinter.of(request)
             match = tree.match(request.messages, fingerprints)
             fingerprints = replace(fingerprints, prefixes=match.prefixes)

@@ -4,7 +4,8 @@ Contract: ``load_session(engine, session_id, decode)`` raises ``NotFound`` for a
 session and otherwise returns a ``SessionView`` in two SQL statements. Turns come in tree
 order (depth-first from each root, children by seq) with their depth, classification and
 fork reason, the messages the turn added to its parent's conversation (all of them for a
-root), the reply's text, reasoning and tool calls, the finish reason, the timings, and
+root; whole requests are rebuilt from linear storage, ``recorder.conversations``), the
+reply's text, reasoning and tool calls, the finish reason, the timings, and
 up to ``MAX_TOKENS`` sampled tokens with their logprobs. ``decode`` turns one token id
 into its text (the served tokenizer); it is only called for the tokens shown.
 """
@@ -21,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.errors import NotFound
 from recorder import codec
+from recorder.conversations import Conversation, StoredRequest, rebuild
 from recorder.schema import sessions, turns
 
 MAX_TOKENS = 2000  # per turn; the rest is summarized, so a long answer stays readable
@@ -122,6 +124,7 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
             turns.c.finished_s,
             turns.c.backend_s,
             turns.c.request_messages,
+            turns.c.messages_inherited,
             turns.c.response_message,
         )
         .where(turns.c.session_id == session_id)
@@ -138,15 +141,25 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
     for row in rows:
         parent = row.parent_turn_id if row.parent_turn_id in by_id else None
         children.setdefault(parent, []).append(row)
-    message_counts = {
-        row.id: len(_json(row.request_messages).get("messages") or ()) for row in rows
-    }
+    conversations = rebuild(
+        session_id,
+        (
+            StoredRequest(
+                row.id,
+                row.parent_turn_id,
+                row.messages_inherited,
+                bytes(row.request_messages),
+                bytes(row.response_message),
+            )
+            for row in rows
+        ),
+    )
 
     views: list[TurnView] = []
     stack = [(row, 0) for row in reversed(children.get(None, []))]
     while stack:
         row, depth = stack.pop()
-        views.append(_turn_view(row, depth, message_counts, decode))
+        views.append(_turn_view(row, depth, conversations, decode))
         stack.extend((child, depth + 1) for child in reversed(children.get(row.id, [])))
     return SessionView(
         id=str(session.id),
@@ -163,11 +176,12 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
 
 
 def _turn_view(
-    row: Any, depth: int, message_counts: Mapping[str, int], decode: TokenDecoder
+    row: Any, depth: int, conversations: Mapping[str, Conversation], decode: TokenDecoder
 ) -> TurnView:
-    messages = _json(row.request_messages).get("messages") or []
+    parent = conversations.get(row.parent_turn_id) if row.parent_turn_id else None
     # A continuation repeats its parent's messages and reply; show only what it added.
-    skip = message_counts[row.parent_turn_id] + 1 if row.parent_turn_id in message_counts else 0
+    skip = len(parent.messages) + 1 if parent is not None else 0
+    messages = [orjson.loads(m) for m in conversations[row.id].messages[skip:]]
     output_ids = codec.decode_ids(row.output_ids)
     logprobs = codec.decode_logprobs(row.logprobs)
     shown = zip(output_ids[:MAX_TOKENS], logprobs[:MAX_TOKENS], strict=False)
@@ -189,7 +203,7 @@ def _turn_view(
         first_token_s=row.first_token_s,
         finished_s=row.finished_s,
         backend_s=row.backend_s,
-        new_messages=tuple(_message(m, "user") for m in messages[skip:] if isinstance(m, Mapping)),
+        new_messages=tuple(_message(m, "user") for m in messages if isinstance(m, Mapping)),
         reply=_message(_json(row.response_message)),
         tokens=tuple(SampledToken(decode(i), lp) for i, lp in shown),
     )

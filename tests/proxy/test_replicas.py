@@ -20,12 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from engine.config import EngineConfig
 from proxy.app import create_app
 from proxy.settings import Settings
 from proxy.threaded import free_port, serve
+from recorder.conversations import Conversation
+from recorder.records import TurnRecord
+from recorder.store import Store
 from tests.support.engine_server import running_engine
 from tests.support.postgres import PostgresServer
 
@@ -262,6 +266,67 @@ def test_turns_rotating_over_replicas_stay_token_exact(
     assert len(rotated["segments"]) == 1
     assert [t["classification"] for t in alone["turns"]] == ["root"] + ["extend"] * STEPS
     assert comparable(rotated) == comparable(alone)
+    # Each replica stored only what its turn added, relative to a turn another one served.
+    stored, conversations = asyncio.run(recorded(shared_database, session_id))
+    assert [t.messages_inherited for t in stored] == [None] + [2 + 2 * n for n in range(STEPS)]
+    last = json.loads(conversations[stored[-1].id].request_json())
+    assert [m["role"] for m in last["messages"]] == ["system", "user"] + [
+        "assistant",
+        "tool",
+    ] * STEPS
+    assert last["messages"][-1]["content"] == f"RESULT_{STEPS}"
+
+
+async def recorded(url: str, session_id: str) -> tuple[list[TurnRecord], dict[str, Conversation]]:
+    store = await Store.open(url)
+    try:
+        return await store.list_turns(session_id), await store.conversations(session_id)
+    finally:
+        await store.close()
+
+
+def test_previous_response_id_resolves_on_any_replica(
+    shared_database: str, loop_engine_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    tool: Any = {"type": "function", "name": "bash", **SHELL_TOOL["function"]}
+    with replicas(
+        3,
+        database_url=shared_database,
+        backend_url=loop_engine_url,
+        model_dir=model_dir,
+        root=tmp_path,
+    ) as group:
+        session_id, key = new_session(group.url(0))
+
+        def client(index: int) -> openai.OpenAI:
+            return openai.OpenAI(
+                base_url=f"{group.url(index)}/s/{key}/v1", api_key="x", max_retries=0
+            )
+
+        response = client(0).responses.create(
+            model="m", instructions="Be brief.", input="BEGIN_LOOP: run the steps.", tools=[tool]
+        )
+        for step in (1, 2):
+            # The replica that answered has written the turn (its trajectory flushes it);
+            # the next one knows nothing of it but what the database holds.
+            trajectory(group.url(step - 1), session_id)
+            call = next(item for item in response.output if item.type == "function_call")
+            output: Any = {"type": "function_call_output", "call_id": call.call_id}
+            response = client(step).responses.create(
+                model="m",
+                instructions="Be brief.",
+                previous_response_id=response.id,
+                input=[{**output, "output": f"RESULT_{step}"}],
+                tools=[tool],
+            )
+        final = trajectory(group.url(2), session_id)
+    assert [t["classification"] for t in final["turns"]] == ["root", "extend", "extend"]
+    stored, conversations = asyncio.run(recorded(shared_database, session_id))
+    assert [t.messages_inherited for t in stored] == [None, 3, 5]
+    last = json.loads(conversations[stored[-1].id].request_json())
+    assert [m["role"] for m in last["messages"]] == ["system", "user"] + ["assistant", "tool"] * 2
+    assert last["instructions"] == "Be brief."
+    assert last["previous_response_id"] == f"resp_{stored[1].id}"
 
 
 def test_readyz_reports_the_database_and_each_backend(

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
+import uuid
 from pathlib import Path
 
+import orjson
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import insert, inspect, select
 from sqlalchemy.engine import Connection
 
 from proxy.errors import InvalidRequest, RecorderError
 from recorder.database import create_engine
 from recorder.migrate import alembic_config, upgrade_database
-from recorder.schema import metadata
+from recorder.records import SessionSpec
+from recorder.schema import metadata, turns
+from recorder.store import Store, encode_turn
+from tests.recorder.builders import make_turn
 from tests.support.postgres import PostgresServer
 
 # The newest migration shipped in the package; every upgrade must land there.
@@ -116,3 +122,84 @@ async def test_unreachable_postgres_raises_recorder_error() -> None:
         port = sock.getsockname()[1]
     with pytest.raises(RecorderError, match="migration failed"):
         await upgrade_database(f"postgresql+asyncpg://nobody@127.0.0.1:{port}/none")
+
+
+async def migrate_down_to(url: str, revision: str) -> None:
+    def downgrade(sync: Connection) -> None:
+        command.downgrade(alembic_config(sync), revision)
+
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(downgrade)
+    finally:
+        await engine.dispose()
+
+
+async def test_requests_stored_before_0005_stay_readable_and_downgrade_rebuilds_new_ones(
+    database_url: str,
+) -> None:
+    system = {"role": "system", "content": "Be brief."}
+    user = {"role": "user", "content": "Fix it."}
+    answer = {"reasoning": None, "content": "Done.", "tool_calls": []}
+    echoed = {**answer, "role": "assistant", "tool_calls": [], "tool_call_id": None, "name": None}
+    follow = {"role": "user", "content": "Thanks."}
+    root_request = {"adapter": "openai_chat", "model": "m", "messages": [system, user]}
+    await migrate_down_to(database_url, "0004")
+    store = await Store.open(database_url)
+    try:
+        run = await store.create_run(f"run-{uuid.uuid4().hex[:8]}")
+        spec = SessionSpec(run_id=run.id, task_id="t", group_id="g", sample_index=0, harness="h")
+        session = (await store.create_session(spec)).id
+        old = [
+            dataclasses.replace(
+                make_turn(session, 0),
+                request_messages=orjson.dumps(root_request),
+                response_message=orjson.dumps(answer),
+            )
+        ]
+        rows = [dict(encode_turn(record).row) for record in old]
+        for row in rows:
+            del row["messages_inherited"]  # the 0004 schema has no such column
+        async with store.engine.begin() as conn:
+            await conn.execute(insert(turns), rows)
+    finally:
+        await store.close()
+
+    await upgrade_database(database_url)
+    new = dataclasses.replace(
+        make_turn(session, 1),
+        request_messages=orjson.dumps({"messages": [follow]}),
+        messages_inherited=3,
+        parent_turn_id=old[0].id,
+        response_message=orjson.dumps(answer),
+    )
+    expected = {
+        old[0].id: root_request,
+        new.id: {**root_request, "messages": [system, user, echoed, follow]},
+    }
+    store = await Store.open(database_url)
+    try:
+        (stored,) = await store.list_turns(session)
+        assert stored.messages_inherited is None
+        assert stored.request_messages == old[0].request_messages
+        await store.write_turns([new])
+        rebuilt = await store.conversations(session)
+        assert {k: orjson.loads(v.request_json()) for k, v in rebuilt.items()} == expected
+    finally:
+        await store.close()
+
+    await migrate_down_to(database_url, "0004")
+    engine = create_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            result = await conn.execute(
+                select(turns.c.id, turns.c.request_messages).where(turns.c.session_id == session)
+            )
+            whole = {row.id: bytes(row.request_messages) for row in result}
+    finally:
+        await engine.dispose()
+    assert whole[old[0].id] == old[0].request_messages  # untouched
+    assert {k: orjson.loads(v) for k, v in whole.items()} == expected
+    await upgrade_database(database_url)
+    assert await schema_differences(database_url) == []

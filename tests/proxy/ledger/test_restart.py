@@ -14,6 +14,7 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from proxy.canonical import ChatRequest, Message
+from proxy.conversations import ConversationBook, recorded_requests
 from proxy.ledger import LedgerBook, PromptPlan, decode_message, decode_request
 from recorder.records import SessionSpec, TurnRecord, TurnStatus
 from recorder.store import Store
@@ -46,7 +47,11 @@ def record(
     output: tuple[int, ...],
     answer: Message,
     status: TurnStatus = TurnStatus.COMPLETED,
+    conversations: ConversationBook | None = None,
 ) -> TurnRecord:
+    """The turn as the pipeline records it (the request stored linearly when
+    ``conversations`` holds the session's earlier turns)."""
+    encoded = (conversations or ConversationBook()).encode(session_id, plan.parent_turn_id, req)
     return TurnRecord(
         id=uuid.uuid4().hex,
         session_id=session_id,
@@ -60,7 +65,8 @@ def record(
         routed_experts=None,
         finish_reason="stop",
         weight_version="w0",
-        request_messages=orjson.dumps(req),
+        request_messages=encoded.data,
+        messages_inherited=encoded.inherited,
         response_message=orjson.dumps(
             {
                 "reasoning": answer.reasoning,
@@ -95,6 +101,7 @@ async def test_a_rebuilt_ledger_extends_with_the_same_ids(
         SessionSpec(run_id=run.id, task_id="t", group_id="g", sample_index=0, harness="h")
     )
     live = LedgerBook(tokenizer)
+    conversations = ConversationBook()
     records: list[TurnRecord] = []
     script = [
         (request(SYSTEM, USER), A1, True),
@@ -104,24 +111,36 @@ async def test_a_rebuilt_ledger_extends_with_the_same_ids(
     for seq, (req, answer, eos) in enumerate(script):
         plan = live.plan(session.id, req)
         output = sampled(tokenizer, answer, eos=eos)
-        rec = record(session.id, seq, plan, req, output, answer)
+        rec = record(session.id, seq, plan, req, output, answer, conversations=conversations)
         live.commit(session.id, plan, req, output, answer, rec.id)
+        conversations.commit(
+            session.id, rec.id, plan.parent_turn_id, rec.messages_inherited, req, answer
+        )
         records.append(rec)
     failed_req = request(SYSTEM, USER, A1, T1, A2, Message(role="user", content="Oops"))
     records.append(
         record(
-            session.id, 3, live.plan(session.id, failed_req), failed_req, (), A2, TurnStatus.FAILED
+            session.id,
+            3,
+            live.plan(session.id, failed_req),
+            failed_req,
+            (),
+            A2,
+            TurnStatus.FAILED,
+            conversations,
         )
     )
     await store.write_turns(records)
 
     stored = await store.list_turns(session.id)
+    # Continuations store only what they add: the third turn and the failed one inherit.
+    assert [r.messages_inherited for r in stored] == [None, None, 3, 5]
     assert [
         (r.parent_turn_id, r.classification, r.fork_reason, r.reused_prefix_len) for r in stored
     ] == [(r.parent_turn_id, r.classification, r.fork_reason, r.reused_prefix_len) for r in records]
     rebuilt = LedgerBook(tokenizer)
     assert not rebuilt.has(session.id)
-    rebuilt.load(session.id, stored)
+    rebuilt.load(session.id, stored, recorded_requests(session.id, stored))
     assert rebuilt.has(session.id)
 
     follow = request(SYSTEM, USER, A1, T1, A2, Message(role="user", content="Continue."))

@@ -3,6 +3,7 @@ the constant statement count on a 1,000-session run, and the collapse check."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 import time
@@ -15,6 +16,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from proxy.canonical import Message
 from proxy.errors import InvalidRequest, NotFound
 from proxy.ui.collapse import trend
 from proxy.ui.overview import load_overview
@@ -22,6 +24,16 @@ from proxy.ui.pages import Pages, collapse_rows
 from proxy.ui.session_view import load_session
 from proxy.ui.tables import load_runs, load_sessions, load_tasks
 from recorder.database import create_engine
+from recorder.store import Store
+from tests.proxy.test_conversations import (
+    SYSTEM,
+    USER,
+    Harness,
+    answer,
+    new_session,
+    request,
+    result,
+)
 from tests.proxy.ui.seed import SeededRun, seed_run
 
 
@@ -253,3 +265,32 @@ def test_trend_statistics_by_hand():
     assert trend("line", [1.0, 2.0, 3.0]).t == float("inf")
     assert trend("short", [1.0, 5.0]).t is None
     assert trend("gaps", [None, 1.0, None, 2.0, 3.1]).points == 3
+
+
+async def test_session_view_rebuilds_requests_stored_linearly(database_url: str):
+    """Turns recorded as the pipeline records them: the page shows what each one added."""
+    store = await Store.open(database_url)
+    try:
+        session = await new_session(store)
+        h = Harness(session)
+        first, second = answer(0), answer(1)
+        root = h.turn(request(SYSTEM, USER), first)
+        extend = h.turn(request(SYSTEM, USER, first, result(0)), second, root)
+        resent = dataclasses.replace(second, reasoning=None)  # re-serialized by the harness
+        h.turn(request(SYSTEM, USER, first, result(0), resent, result(1)), first, extend)
+        fork = h.turn(request(SYSTEM, Message(role="user", content="Summary.")), second, extend)
+        await store.write_turns(h.records)
+        assert [r.messages_inherited for r in h.records] == [None, 3, 4, 1]
+        view = await load_session(store.engine, session, str)
+    finally:
+        await store.close()
+    shown = {
+        t.id: [(m.role, m.content[:3], m.reasoning) for m in t.new_messages] for t in view.turns
+    }
+    assert [t.id for t in view.turns] == [r.id for r in h.records]
+    assert shown[root.id] == [("system", "You", None), ("user", "Fix", None)]
+    assert shown[extend.id] == [("tool", "[0]", None)]
+    assert shown[h.records[2].id] == [("tool", "[1]", None)]  # as before: after the reply
+    # A fork repeats fewer messages than its parent's conversation holds: nothing is new past it.
+    assert shown[fork.id] == []
+    assert view.turns[3].depth == 2
