@@ -14,8 +14,12 @@ Contract:
 - ``keep_reasoning=False`` mimics templates that drop the reasoning of answers before the
   last user query: a new user query after a turn whose tokens hold such reasoning forks
   (``reasoning_dropped``) with a whole render, so the prompt is what the template gives.
-- ``commit(...)`` adds a completed turn; nothing else mutates a session, so concurrent
-  plans of one session (sub-agents, side requests) need no lock.
+- A fresh request with tools after nothing but tool-less exchanges (a title request that
+  came first) is a ``root`` naming those turns in ``side_requests`` (``classify``).
+- ``commit(...)`` adds a completed turn and returns the plan as committed: ``classify.settle``
+  may revise a ``root`` planned while another first turn was in flight; the turns named in
+  its ``side_requests`` are re-labelled ``fork``/``side_request``. Nothing else mutates a
+  session, so concurrent plans of one session (sub-agents, side requests) need no lock.
 - ``load(session_id, turns)`` rebuilds a session from recorded turns (completed ones
   become nodes, in seq order), replacing what was held; plans afterwards are the same as
   before the restart.
@@ -31,7 +35,7 @@ from dataclasses import replace
 from transformers import PreTrainedTokenizerBase
 
 from proxy.canonical import ChatRequest, Message
-from proxy.ledger.classify import fork_reason
+from proxy.ledger.classify import fork_reason, settle, side_requests_before
 from proxy.ledger.codec import decode_message, decode_request
 from proxy.ledger.fingerprint import FREE_SEED, Fingerprinter, Fingerprints, chain, system_text
 from proxy.ledger.incremental import IncrementalRenderer
@@ -100,6 +104,19 @@ class LedgerBook:
                     fingerprints,
                 )
             return self._continue(tree, turn, new, request, fingerprints)
+        roots = side_requests_before(tree, request, fingerprints)
+        if roots is not None:
+            prompt = tuple(self._renderer.render(request))
+            return PromptPlan(
+                prompt,
+                Classification.ROOT,
+                None,
+                None,
+                0,
+                len(request.messages),
+                fingerprints,
+                roots,
+            )
         reason = fork_reason(tree, request, fingerprints)
         prompt = tuple(self._renderer.render(request))
         parent, reused = tree.common_prefix(prompt)
@@ -168,9 +185,14 @@ class LedgerBook:
         output_ids: Sequence[int],
         message: Message,
         turn_id: str,
-    ) -> None:
-        """Add a completed turn; ``plan`` must be what ``plan`` returned for ``request``."""
+    ) -> PromptPlan:
+        """Add a completed turn; ``plan`` must be what ``plan`` returned for ``request``.
+
+        Returns the plan as committed, which is what the turn's record must say."""
         tree = self._sessions.setdefault(session_id, SessionTree())
+        plan = settle(tree, plan, request)
+        for earlier in plan.side_requests:
+            tree.relabel(earlier, Classification.FORK, ForkReason.SIDE_REQUEST)
         self._add(
             tree,
             turn_id=turn_id,
@@ -185,6 +207,7 @@ class LedgerBook:
             reused=plan.reused_prefix_len,
             new_message_count=plan.new_message_count,
         )
+        return plan
 
     def load(self, session_id: str, turns: Sequence[TurnRecord]) -> None:
         tree = SessionTree()

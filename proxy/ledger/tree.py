@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from proxy.canonical import Message
 from proxy.ledger.fingerprint import Fingerprints, chain, normalised_content, same_tool_calls
@@ -99,6 +99,18 @@ class SessionTree:
         if self.longest.get(turn.context, 0) < count:
             self.longest[turn.context] = count
         self._remember(turn.turn_id, prompt_ids, output_ids)
+
+    def relabel(self, turn_id: str, classification: Classification, reason: ForkReason) -> None:
+        """Change a node's classification (a root found to be a side request), in place."""
+        old = self.nodes.get(turn_id)
+        if old is None:
+            return
+        new = replace(old, classification=classification, fork_reason=reason)
+        self.nodes[turn_id] = new  # an existing key keeps its place: parents stay first
+        if self.by_conversation.get(old.conversation_fp) is old:
+            self.by_conversation[old.conversation_fp] = new
+        answered = self.by_request.get(old.request_fp, [])
+        self.by_request[old.request_fp] = [new if t is old else t for t in answered]
 
     # -- matching ---------------------------------------------------------------
     def match(self, messages: Sequence[Message], fingerprints: Fingerprints) -> Match:
