@@ -127,6 +127,8 @@ turns = Table(
     Column("created_at", Double, nullable=False),
     Column("prompt_offset", Integer, nullable=False, server_default="0"),
     Column("weight_version_spans", JsonColumn, nullable=True),
+    # Earlier turns of the session this one showed to be side requests (migration 0005).
+    Column("side_requests", JsonColumn, nullable=True),
     # Not unique: replicas stamp seq independently, and a clash must never cost a turn.
     Index(None, "session_id", "seq"),
 )
