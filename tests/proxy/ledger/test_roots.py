@@ -135,3 +135,17 @@ def test_what_does_not_make_a_new_root(
     plan = d.turn(MAIN, A1)
     assert (plan.classification, plan.side_requests) == (Classification.FORK, ())
     assert plan.fork_reason is not ForkReason.SIDE_REQUEST
+
+
+def test_a_re_label_is_made_once_when_the_main_request_is_sent_twice_at_once(
+    book: LedgerBook, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    d = Driver(book, tokenizer)
+    d.turn(TITLE, TITLE_ANSWER, turn_id="title")
+    first, again = book.plan(d.session_id, MAIN), book.plan(d.session_id, MAIN)
+    assert first.side_requests == again.side_requests == ("title",)
+    committed = [
+        commit(book, d.session_id, plan, (MAIN, A1), name, tokenizer)
+        for plan, name in ((first, "main"), (again, "main-again"))
+    ]
+    assert [c.side_requests for c in committed] == [("title",), ()]
