@@ -68,6 +68,13 @@ class Metrics:
             ["classification", "reason"],
             registry=r,
         )
+        self.ledger_relabels = Counter(
+            "lego_ledger_relabels",
+            "Turns re-labelled after lego_ledger_turns counted them (a root found to be a side "
+            "request): they are counted under both labels there, so subtract these from 'was'.",
+            ["was", "classification", "reason"],
+            registry=r,
+        )
         self.ledger_reloads = Counter(
             "lego_ledger_reloads",
             "Checks of a session's recorded turns after a root or fork plan, by outcome.",

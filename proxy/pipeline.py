@@ -26,7 +26,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -269,18 +269,20 @@ class Pipeline:
             )
             status = TurnStatus.COMPLETED
             answer = progress.message.canonical()
-            self._ledger.commit(
+            committed = self._ledger.commit(
                 turn.session.id, turn.plan, request, progress.output_ids, answer, turn.turn_id
             )
             # Durable (journal fsync) before the harness sees the end of its answer, so that
             # no crash can fall between a completed response and its record. Shielded: a
-            # disconnect now must not leave the turn half-submitted.
-            record = self._record(turn, progress, parser, status, error)
+            # disconnect now must not leave the turn half-submitted. The record says what
+            # the ledger committed (a root that raced another first turn may be settled).
+            settled = replace(turn, plan=committed)
+            record = self._record(settled, progress, parser, status, error)
             recorded = True
             self._conversations.commit(
                 turn.session.id,
                 turn.turn_id,
-                turn.plan.parent_turn_id,
+                committed.parent_turn_id,
                 record.messages_inherited,
                 request,
                 answer,
@@ -395,6 +397,7 @@ class Pipeline:
             classification=turn.plan.classification.value,
             fork_reason=turn.plan.fork_reason.value if turn.plan.fork_reason else None,
             reused_prefix_len=turn.plan.reused_prefix_len,
+            side_requests=turn.plan.side_requests,
             # Only a turn that straddled a weight update needs spans.
             weight_version_spans=tuple(progress.spans)
             if len({span[0] for span in progress.spans}) > 1
@@ -410,6 +413,12 @@ class Pipeline:
         self._metrics.ledger.labels(
             classification=record.classification, reason=record.fork_reason or "none"
         ).inc()
+        for _ in record.side_requests:
+            # Counted as roots when they arrived; now they count as what they were.
+            self._metrics.ledger.labels(classification="fork", reason="side_request").inc()
+            self._metrics.ledger_relabels.labels(
+                was="root", classification="fork", reason="side_request"
+            ).inc()
         self._metrics.turns.labels(adapter=adapter, status=status.value).inc()
         self._metrics.turn_duration.labels(adapter=adapter).observe(now)
         self._metrics.added_latency.labels(adapter=adapter).observe(

@@ -109,6 +109,9 @@ class TurnRecord:
     classification: str = "root"  # root | extend | realign | fork
     fork_reason: str | None = None  # compaction | edited_history | system_changed | ...
     reused_prefix_len: int = 0  # leading prompt ids identical to the parent's tokens
+    # Earlier turns, recorded as roots, that this root showed to be side requests: the
+    # recorder re-labels them fork/side_request (proxy.ledger.classify says when).
+    side_requests: tuple[str, ...] = ()
     # Which policy sampled which output ids: (version, start, end) over ``output_ids``, one
     # span per backend call when a pause-abort resumption straddled a weight update. Empty
     # means the whole output came from ``weight_version``.

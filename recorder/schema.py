@@ -133,6 +133,8 @@ turns = Table(
     # NULL: request_messages holds the whole request; n: its first n messages are the
     # parent's conversation's (recorder.conversations).
     Column("messages_inherited", Integer, nullable=True),
+    # Earlier turns of the session this one showed to be side requests (migration 0006).
+    Column("side_requests", JsonColumn, nullable=True),
     # Not unique: replicas stamp seq independently, and a clash must never cost a turn.
     Index(None, "session_id", "seq"),
 )

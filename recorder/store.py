@@ -21,6 +21,10 @@ Contract:
   requests for a session, or for some of its turns, from one query.
 - A vector reward is stored in ``reward_vector`` (``reward`` stays NULL) and read back as a
   tuple of floats.
+- Re-labels: a turn whose ``side_requests`` names earlier turns of its session (roots found
+  to be side requests) is written in the same transaction as an update of those turns'
+  ``classification``/``fork_reason`` to ``fork``/``side_request``; ``list_turns`` applies
+  the lists as well, so a re-label written before the turn it names still holds.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -66,6 +70,8 @@ BLOB_COLUMNS = (
     "request_messages",
     "response_message",
 )
+# What a root named in a later turn's ``side_requests`` becomes (proxy.ledger.classify).
+SIDE_REQUEST_CLASSIFICATION, SIDE_REQUEST_REASON = "fork", "side_request"
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,8 +259,23 @@ class Store:
         rows = [dict(turn.row) for turn in reversed(unique.values())]
         if not rows:
             return
+        relabels: list[tuple[object, list[object]]] = []
+        for row in rows:
+            named = row.setdefault("side_requests", None)  # None: spooled before the column
+            if isinstance(named, list) and named:
+                relabels.append((row["session_id"], named))
         async with self._transaction(f"write {len(rows)} turns") as conn:
             await conn.execute(self._insert_turns_ignoring_known_ids(), rows)
+            for session_id, named in relabels:
+                await conn.execute(
+                    update(turns)
+                    .where(turns.c.session_id == session_id)
+                    .where(turns.c.id.in_(named))
+                    .where(turns.c.classification == "root")
+                    .values(
+                        classification=SIDE_REQUEST_CLASSIFICATION, fork_reason=SIDE_REQUEST_REASON
+                    )
+                )
 
     async def conversations(
         self,
@@ -315,7 +336,7 @@ class Store:
                 .order_by(turns.c.seq, turns.c.id)
             )
             rows = [row._mapping for row in result]
-        return _rebuild_prompts(session_id, rows)
+        return _relabel_side_requests(_rebuild_prompts(session_id, rows))
 
     def _insert_turns_ignoring_known_ids(self) -> Insert:
         # Only a clash on the id is a duplicate; a clash on (session_id, seq) with another
@@ -417,6 +438,7 @@ def _turn_to_row(record: TurnRecord) -> dict[str, object]:
         "fork_reason": record.fork_reason,
         "reused_prefix_len": record.reused_prefix_len,
         "weight_version_spans": [list(span) for span in record.weight_version_spans] or None,
+        "side_requests": list(record.side_requests) or None,
         "received_at": record.timings.received_at,
         "first_token_s": record.timings.first_token_s,
         "finished_s": record.timings.finished_s,
@@ -468,6 +490,19 @@ def _rebuild_prompts(session_id: str, rows: Sequence[Mapping[Any, Any]]) -> list
     return records
 
 
+def _relabel_side_requests(records: list[TurnRecord]) -> list[TurnRecord]:
+    """Roots that a later turn of the session named as side requests read back as such."""
+    named = {turn_id for record in records for turn_id in record.side_requests}
+    if not named:
+        return records
+    return [
+        replace(r, classification=SIDE_REQUEST_CLASSIFICATION, fork_reason=SIDE_REQUEST_REASON)
+        if r.id in named and r.classification == "root"
+        else r
+        for r in records
+    ]
+
+
 def _row_to_turn(row: Mapping[Any, Any], prompt_ids: tuple[int, ...]) -> TurnRecord:
     experts = None
     if row["routed_experts"] is not None:
@@ -505,6 +540,7 @@ def _row_to_turn(row: Mapping[Any, Any], prompt_ids: tuple[int, ...]) -> TurnRec
         classification=row["classification"],
         fork_reason=row["fork_reason"],
         reused_prefix_len=row["reused_prefix_len"],
+        side_requests=tuple(row.get("side_requests") or ()),
         weight_version_spans=tuple(
             (str(v), int(a), int(b)) for v, a, b in row["weight_version_spans"] or ()
         ),

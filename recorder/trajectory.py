@@ -7,7 +7,9 @@ Contract of ``build_segments``:
   the prompt's tail after the segment's end (loss mask 0, logprob 0.0) followed by the
   turn's output ids (loss mask 1, its recorded logprobs). Any other turn starts a new
   segment: its prompt (mask 0) then its output (mask 1). Segments are returned in the
-  order they were created, so the main conversation comes first and forks after it.
+  order they were created, those begun by a ``root`` turn first, so the main conversation
+  comes first and forks after it, even when a side request that arrived before it (a
+  title request, re-labelled once the main conversation began) began an earlier segment.
 - ``tokens``, ``loss_mask``, ``logprobs`` and ``routed_experts`` are aligned one-to-one:
   index ``p`` describes the token at position ``p``. ``weight_versions`` and ``turn_ids``
   have one entry per turn in the segment, in order. ``weight_version_spans`` says which
@@ -127,6 +129,8 @@ def build_segments(turns: Sequence[TurnRecord]) -> list[Segment]:
             target = _Builder()
             builders.append(target)
         target.append(turn, stamp)
+    roots = {turn.id for turn in completed if turn.classification == "root"}
+    builders.sort(key=lambda builder: builder.turn_ids[0] not in roots)  # stable
     return [builder.build() for builder in builders]
 
 

@@ -17,8 +17,12 @@ Contract:
 - ``keep_reasoning=False`` mimics templates that drop the reasoning of answers before the
   last user query: a new user query after a turn whose tokens hold such reasoning forks
   (``reasoning_dropped``) with a whole render, so the prompt is what the template gives.
-- ``commit(...)`` adds a completed turn; nothing else mutates a session, so concurrent
-  plans of one session (sub-agents, side requests) need no lock.
+- A fresh request with tools after nothing but tool-less exchanges (a title request that
+  came first) is a ``root`` naming those turns in ``side_requests`` (``classify``).
+- ``commit(...)`` adds a completed turn and returns the plan as committed: ``classify.settle``
+  may revise a ``root`` planned while another first turn was in flight; the turns named in
+  its ``side_requests`` are re-labelled ``fork``/``side_request``. Nothing else mutates a
+  session, so concurrent plans of one session (sub-agents, side requests) need no lock.
 - ``load(session_id, turns, requests)`` rebuilds a session from recorded turns (completed
   ones become nodes, in seq order) and their whole requests by turn id (stored linearly,
   see ``proxy.conversations.recorded_requests``), replacing what was held; plans
@@ -35,7 +39,7 @@ from dataclasses import replace
 from transformers import PreTrainedTokenizerBase
 
 from proxy.canonical import ChatRequest, Message
-from proxy.ledger.classify import fork_reason
+from proxy.ledger.classify import fork_reason, settle, side_requests_before
 from proxy.ledger.codec import decode_message
 from proxy.ledger.fingerprint import (
     FREE_SEED,
@@ -120,6 +124,19 @@ class LedgerBook:
                     fingerprints,
                 )
             return self._continue(tree, turn, new, request, fingerprints)
+        roots = side_requests_before(tree, request, fingerprints)
+        if roots is not None:
+            prompt = TokenIds(self._renderer.render(request))
+            return PromptPlan(
+                prompt,
+                Classification.ROOT,
+                None,
+                None,
+                0,
+                len(request.messages),
+                fingerprints,
+                roots,
+            )
         reason = fork_reason(tree, request, fingerprints)
         prompt = TokenIds(self._renderer.render(request))
         parent, reused = tree.common_prefix(prompt)
@@ -181,9 +198,14 @@ class LedgerBook:
         output_ids: Sequence[int],
         message: Message,
         turn_id: str,
-    ) -> None:
-        """Add a completed turn; ``plan`` must be what ``plan`` returned for ``request``."""
+    ) -> PromptPlan:
+        """Add a completed turn; ``plan`` must be what ``plan`` returned for ``request``.
+
+        Returns the plan as committed, which is what the turn's record must say."""
         tree = self._sessions.setdefault(session_id, SessionTree())
+        plan = settle(tree, plan, request)
+        for earlier in plan.side_requests:
+            tree.relabel(earlier, Classification.FORK, ForkReason.SIDE_REQUEST)
         self._add(
             tree,
             turn_id=turn_id,
@@ -198,6 +220,7 @@ class LedgerBook:
             reused=plan.reused_prefix_len,
             new_message_count=plan.new_message_count,
         )
+        return plan
 
     def load(
         self,

@@ -4,6 +4,8 @@
 of a committed turn: its prompt + sampled ids, then only the new messages), ``realign``
 (an extend whose previous answer stopped without its end-of-turn token, which is inserted
 as prompt tokens), ``fork`` (a new branch rendered whole, with a ``ForkReason``).
+``side_requests`` names earlier turns, committed as roots, that this root shows to have
+been side requests (``proxy.ledger.classify``): committing it re-labels them.
 Both enums are ``StrEnum``s, so their values go straight into ``TurnRecord`` and metric
 labels.
 """
@@ -45,3 +47,4 @@ class PromptPlan:
     new_message_count: int  # request messages rendered for this turn
     # The request's fingerprints, so ``commit`` need not hash the conversation again.
     fingerprints: Fingerprints = field(repr=False, compare=False)
+    side_requests: tuple[str, ...] = ()  # turn ids re-labelled fork/side_request on commit

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -128,6 +128,18 @@ class SessionTree:
         self.recent.move_to_end(turn_id)
         while len(self.recent) > _RECENT_SIZE:
             self.recent.popitem(last=False)
+
+    def relabel(self, turn_id: str, classification: Classification, reason: ForkReason) -> None:
+        """Change a node's classification (a root found to be a side request), in place."""
+        old = self.nodes.get(turn_id)
+        if old is None:
+            return
+        new = replace(old, classification=classification, fork_reason=reason)
+        self.nodes[turn_id] = new  # an existing key keeps its place: parents stay first
+        if self.by_conversation.get(old.conversation_fp) is old:
+            self.by_conversation[old.conversation_fp] = new
+        answered = self.by_request.get(old.request_fp, [])
+        self.by_request[old.request_fp] = [new if t is old else t for t in answered]
 
     # -- matching ---------------------------------------------------------------
     def continuation(

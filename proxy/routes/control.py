@@ -193,6 +193,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         await state.writer.flush()
         session = await state.store.get_session(request.path_params["session_id"])
         turns = await state.store.list_turns(session.id)
+        relabelled_by = {named: t.id for t in turns for named in t.side_requests}
         return {
             **session_json(session, public_url),
             "turns": [
@@ -227,6 +228,8 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
                     "fork_reason": t.fork_reason,
                     "parent_turn_id": t.parent_turn_id,
                     "reused_prefix_len": t.reused_prefix_len,
+                    # The turn that showed this root to be a side request, if one did.
+                    "relabelled_by": relabelled_by.get(t.id),
                 }
                 for t in turns
                 if t.classification in ("fork", "realign")

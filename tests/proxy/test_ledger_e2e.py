@@ -98,6 +98,38 @@ def test_side_request_and_subagent_fork_without_ending_the_main_branch(
     assert 'lego_ledger_turns_total{classification="fork",reason="side_request"}' in metrics
 
 
+def test_a_title_request_before_the_main_conversation_is_re_labelled(
+    proxy: Proxy, tap: BackendTap
+) -> None:
+    """OpenCode without --title: the title request is the session's first request."""
+    session = proxy.new_session()
+    base = session["openai_base_url"]
+    task = {"role": "user", "content": "CALL_TOOL to make the file"}
+    chat(base, [{"role": "system", "content": "You are a title generator."}, task])
+    main: list[Any] = [{"role": "system", "content": "You are a coding agent."}, task]
+    first = chat(base, main, tools=[SHELL_TOOL])
+    main.append(echo(first, compact=True))
+    main.append({"role": "tool", "tool_call_id": first.choices[0].message.tool_calls[0].id,
+                 "content": "ok"})  # fmt: skip
+    chat(base, main, tools=[SHELL_TOOL])
+
+    trajectory = proxy.trajectory(session["id"])
+    turns = trajectory["turns"]
+    assert [(t["classification"], t["fork_reason"]) for t in turns] == [
+        ("fork", "side_request"),
+        ("root", None),
+        ("extend", None),
+    ]
+    title, root, extend = (t["id"] for t in turns)
+    main_segment, side = trajectory["segments"]
+    assert (main_segment["turn_ids"], side["turn_ids"]) == ([root, extend], [title])
+    assert [(e["turn_id"], e["fork_reason"], e["relabelled_by"]) for e in trajectory["events"]] == [
+        (title, "side_request", root)
+    ]
+    relabel = 'lego_ledger_relabels_total{classification="fork",reason="side_request",was="root"}'
+    assert relabel in httpx.get(f"{proxy.url}/metrics").text
+
+
 def test_compaction_is_a_classified_fork(proxy: Proxy, tap: BackendTap) -> None:
     session = proxy.new_session()
     base = session["openai_base_url"]

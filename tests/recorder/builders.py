@@ -63,6 +63,7 @@ def rich_turn(session_id: str, seq: int, routed: RoutedExperts | None) -> TurnRe
         malformed_tool_calls=2,
         resumptions=3,
         error="backend said no",
+        side_requests=("an-earlier-turn",),
         timings=TurnTimings(
             received_at=1_760_000_000.123456, first_token_s=0.25, finished_s=1.5, backend_s=1.25
         ),

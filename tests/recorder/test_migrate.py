@@ -159,8 +159,9 @@ async def test_requests_stored_before_0005_stay_readable_and_downgrade_rebuilds_
             )
         ]
         rows = [dict(encode_turn(record).row) for record in old]
-        for row in rows:
-            del row["messages_inherited"]  # the 0004 schema has no such column
+        for row in rows:  # the 0004 schema has neither column
+            del row["messages_inherited"]
+            del row["side_requests"]
         async with store.engine.begin() as conn:
             await conn.execute(insert(turns), rows)
     finally:

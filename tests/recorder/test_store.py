@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from sqlalchemy import func, select
 from proxy.errors import Conflict, InvalidRequest, NotFound, RecorderError
 from recorder.records import SessionInfo, SessionSpec, SessionStatus, TurnRecord
 from recorder.schema import turns
-from recorder.store import Store
+from recorder.store import Store, StoredTurn, encode_turn
 from tests.recorder.builders import experts, make_turn, rich_turn
 
 
@@ -242,3 +243,56 @@ async def test_unmigrated_database_raises_recorder_error(tmp_path: Path) -> None
             await store.get_run("r")
     finally:
         await store.close()
+
+
+async def test_a_turn_naming_side_requests_re_labels_them_in_either_write_order(
+    store: Store,
+) -> None:
+    session = await new_session(store)
+    title, other_root = make_turn(session.id, 0), make_turn(session.id, 1, prompt=(9,))
+    main = replace(make_turn(session.id, 2, prompt=(7, 8)), side_requests=(title.id,))
+    stray = replace(make_turn(session.id, 3, prompt=(6,)), side_requests=("not-recorded",))
+
+    await store.write_turns([title, other_root])
+    await store.write_turns([main, stray])
+    async with store.engine.connect() as conn:
+        columns = (
+            await conn.execute(
+                select(turns.c.id, turns.c.classification, turns.c.fork_reason)
+                .where(turns.c.session_id == session.id)
+                .order_by(turns.c.seq)
+            )
+        ).all()
+    assert [tuple(row) for row in columns] == [
+        (title.id, "fork", "side_request"),
+        (other_root.id, "root", None),
+        (main.id, "root", None),
+        (stray.id, "root", None),
+    ]
+    got = await store.list_turns(session.id)
+    assert [(t.classification, t.fork_reason, t.side_requests) for t in got] == [
+        ("fork", "side_request", ()),
+        ("root", None, ()),
+        ("root", None, (title.id,)),
+        ("root", None, ("not-recorded",)),
+    ]
+
+    # The naming turn written first (a replay out of order): readers still see the label.
+    later = await new_session(store)
+    title = make_turn(later.id, 0)
+    await store.write_turns([replace(make_turn(later.id, 1), side_requests=(title.id,))])
+    await store.write_turns([title])
+    got = await store.list_turns(later.id)
+    assert [(t.classification, t.fork_reason) for t in got] == [
+        ("fork", "side_request"),
+        ("root", None),
+    ]
+
+
+async def test_rows_spooled_before_side_requests_existed_still_write(store: Store) -> None:
+    session = await new_session(store)
+    stored = encode_turn(make_turn(session.id, 0))
+    old = StoredTurn(stored.id, {k: v for k, v in stored.row.items() if k != "side_requests"})
+    await store.write_rows([old])
+    [got] = await store.list_turns(session.id)
+    assert (got.id, got.side_requests) == (stored.id, ())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -163,3 +164,27 @@ def test_segment_to_json_is_plain_json() -> None:
     assert data["weight_versions"] == ["w0"]
     assert data["turn_ids"] == [turn.id]
     assert segment_to_json(plain)["routed_experts"] is None
+
+
+def test_the_segment_a_root_began_comes_first() -> None:
+    """A side request recorded before the main conversation (re-labelled) comes after it."""
+    title = replace(
+        make_turn("s", 0, prompt=(50, 51), output=(52,)),
+        classification="fork",
+        fork_reason="side_request",
+    )
+    main1 = make_turn("s", 1, prompt=(1, 2), output=(3,))
+    main2 = replace(make_turn("s", 2, prompt=(1, 2, 3, 4), output=(5,)), classification="extend")
+    compacted = replace(
+        make_turn("s", 3, prompt=(1, 9), output=(8,)),
+        classification="fork",
+        fork_reason="compaction",
+    )
+
+    segments = build_segments([title, main1, main2, compacted])
+
+    assert [seg.turn_ids for seg in segments] == [
+        (main1.id, main2.id),
+        (title.id,),
+        (compacted.id,),
+    ]

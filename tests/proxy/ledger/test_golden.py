@@ -218,3 +218,98 @@ def test_the_default_policy_keeps_reasoning_across_user_queries(
     d.turn(request(SYSTEM, USER, A1, T1, A2, USER2), A3)
     assert classifications(d) == ["root", "extend", "extend"]
     assert tokenizer.convert_tokens_to_ids("<think>") in d.plans[2].prompt_ids
+
+
+# Claude Code 2.x, as captured on the wire around `claude -p /compact --continue` (the
+# request shapes, with the long texts shortened): in-array system messages, the agent list
+# after the first user message, the skills list at the end of the next run.
+CC_USER = Message(role="user", content="<system-reminder>date</system-reminder>\n\nLEGO-TASK")
+CC_AGENTS = Message(role="system", content="Available agent types for the Agent tool: ...")
+CC_A1 = Message(
+    role="assistant",
+    content="",
+    reasoning="The task needs a file.",
+    tool_calls=(call("bash", '{"command":"echo hi > out.txt","timeout":30}', "toolu_1"),),
+)
+CC_T1 = Message(role="tool", content="(Bash completed with no output)", tool_call_id="toolu_1")
+CC_A2 = Message(role="assistant", content="Done: out.txt is written.", reasoning="It ran.")
+CC_COMPACT = Message(role="user", content="CRITICAL: Respond with TEXT ONLY. ... summary")
+CC_SUMMARY = Message(role="assistant", content="Summary: out.txt was written.")
+
+
+def claude_code_compacted(*, task: str) -> tuple[Message, ...]:
+    """The next run's history after /compact: summary, the kept last answer, caveats."""
+    return (
+        SYSTEM,
+        Message(
+            role="user",
+            content="<system-reminder>date</system-reminder>\n\nThis session is being "
+            "continued from a previous conversation that ran out of context.\n\n"
+            f"{CC_SUMMARY.content}\n\nContinue the conversation from where it left off.",
+        ),
+        # The last answer, echoed with its thinking, now right after the summary.
+        Message(role="assistant", content=CC_A2.content, reasoning=CC_A2.reasoning),
+        Message(role="user", content="<local-command-caveat>...</local-command-caveat> /compact"),
+        Message(role="system", content="Available agent types for the Agent tool: ... (v2)"),
+        Message(role="assistant", content="No response requested."),  # never sampled
+        Message(role="user", content=task),
+        Message(role="system", content="The following skills are available: ..."),
+    )
+
+
+def test_claude_code_compact_keeps_its_last_answer_and_is_still_a_compaction(
+    book: LedgerBook, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    d = Driver(book, tokenizer)
+    d.turn(request(SYSTEM, CC_USER, CC_AGENTS), CC_A1)
+    d.turn(request(SYSTEM, CC_USER, CC_AGENTS, CC_A1, CC_T1), CC_A2)
+    # /compact: the same system prompt and tools, the final answer left out, the
+    # instruction appended: it continues the first turn token-exactly.
+    d.turn(request(SYSTEM, CC_USER, CC_AGENTS, CC_A1, CC_T1, CC_COMPACT), CC_SUMMARY)
+    compacted = claude_code_compacted(task="LEGO-TASK-again")
+    # Longer than any history of the session: length is no evidence either way.
+    assert len(compacted) > 7
+    d.turn(request(*compacted), CC_A1)
+    d.turn(request(*compacted, CC_A1, CC_T1), CC_A2)
+    assert classifications(d) == ["root", "extend", "extend", "fork:compaction", "extend"]
+    assert d.plans[3].parent_turn_id == next(iter(d.tokens))  # shares the system prompt
+
+
+def test_compaction_of_a_long_history_keeping_the_last_exchange(
+    book: LedgerBook, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    d = Driver(book, tokenizer)
+    d.turn(request(SYSTEM, USER), A1)
+    d.turn(request(SYSTEM, USER, A1, T1), A2)
+    d.turn(request(SYSTEM, USER, A1, T1, A2, USER2), A3)
+    shown = Message(role="assistant", content="It says hello.")
+    d.turn(request(SYSTEM, USER, A1, T1, A2, USER2, A3, T3), shown)
+    summary = Message(role="user", content="Summary: out.txt was created.")
+    more = Message(role="user", content="Now delete it.")
+    d.turn(request(SYSTEM, summary, A3, T3, shown, more), A1)  # the last exchange, moved up
+    assert classifications(d) == ["root", "extend", "extend", "extend", "fork:compaction"]
+
+
+def test_edits_keep_the_history_in_place_and_stay_edits(
+    book: LedgerBook, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    d = Driver(book, tokenizer)
+    d.turn(request(SYSTEM, USER), A1)
+    d.turn(request(SYSTEM, USER, A1, T1), A2)
+    d.turn(request(SYSTEM, USER, A1, T1, A2, USER2), A3)
+    # The first user message edited, every answer after it where it was.
+    edited_first = Message(role="user", content="Create out.txt containing HELLO.")
+    d.turn(request(SYSTEM, edited_first, A1, T1, A2, USER2, A3, T3), A2)
+    # The model's first answer re-rendered by the harness (not the text it sampled).
+    rewritten = Message(role="assistant", content="", tool_calls=(call("bash", '{"x":1}'),))
+    d.turn(request(SYSTEM, USER, rewritten, T1), A2)
+    # An in-array system message changed (Claude Code's agent list, say).
+    d.turn(request(SYSTEM, USER, Message(role="system", content="agents v2"), A1, T1), A2)
+    assert classifications(d) == [
+        "root",
+        "extend",
+        "extend",
+        "fork:edited_history",
+        "fork:edited_history",
+        "fork:edited_history",
+    ]

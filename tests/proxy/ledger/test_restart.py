@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -154,3 +155,41 @@ async def test_a_rebuilt_ledger_extends_with_the_same_ids(
     )
     retry = request(SUB, Message(role="user", content="Search."), tools=())
     assert rebuilt.plan(session.id, retry).prompt_ids == records[1].prompt_ids
+
+
+async def test_a_re_labelled_side_request_survives_a_reload(
+    store: Store, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """The title request came first (a root), the main conversation re-labelled it."""
+    run = await store.create_run(f"run-{uuid.uuid4().hex[:8]}")
+    session = await store.create_session(
+        SessionSpec(run_id=run.id, task_id="t", group_id="g", sample_index=0, harness="h")
+    )
+    title = request(Message(role="system", content="You are a title generator."), USER, tools=())
+    live = LedgerBook(tokenizer)
+    records = []
+    for seq, (req, answer) in enumerate([(title, A2), (request(SYSTEM, USER), A1)]):
+        plan = live.plan(session.id, req)
+        output = sampled(tokenizer, answer)
+        rec = record(session.id, seq, plan, req, output, answer)
+        committed = live.commit(session.id, plan, req, output, answer, rec.id)
+        records.append(replace(rec, side_requests=committed.side_requests))
+    assert records[1].side_requests == (records[0].id,)
+    for rec in records:  # one write each, as the turn writer would
+        await store.write_turns([rec])
+
+    stored = await store.list_turns(session.id)
+    assert [(r.classification, r.fork_reason) for r in stored] == [
+        ("fork", "side_request"),
+        ("root", None),
+    ]
+    rebuilt = LedgerBook(tokenizer)
+    rebuilt.load(session.id, stored, recorded_requests(session.id, stored))
+    for book in (live, rebuilt):
+        retried = book.plan(session.id, title)
+        assert (retried.classification, retried.fork_reason) == ("fork", "side_request")
+        follow = book.plan(session.id, request(SYSTEM, USER, A1, T1))
+        assert (follow.classification, follow.parent_turn_id) == ("extend", records[1].id)
+    assert rebuilt.plan(session.id, request(SYSTEM, USER, A1, T1)).prompt_ids == (
+        live.plan(session.id, request(SYSTEM, USER, A1, T1)).prompt_ids
+    )
