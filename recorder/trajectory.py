@@ -1,6 +1,7 @@
 """Turns of one session -> training segments with aligned arrays (pure, no IO).
 
-Contract of ``build_segments``:
+Contract of ``build_segments`` (turns as ``TurnArrays``, read straight from the stored
+bytes by ``Store.list_turn_arrays``, or as ``TurnRecord``):
 - Only ``COMPLETED`` turns count, taken in ``seq`` order.
 - A turn extends a segment when its prompt ids start with that segment's whole token
   sequence (of several such segments, the one extended most recently). The extension is
@@ -13,17 +14,26 @@ Contract of ``build_segments``:
   have one entry per turn in the segment, in order. ``weight_version_spans`` says which
   policy sampled which tokens: ``(version, start, end)`` over segment positions, covering
   exactly the loss-masked positions, split where a turn straddled a weight update.
+- The arrays are numpy: tokens int32, loss mask uint8, logprobs float32 (as recorded), and
+  routed experts in the dtype they were stored in (uint8, uint16 or int32; the widest
+  of the segment's turns when they differ). Each is filled once, turn range by turn range,
+  from the turns' arrays: nothing passes through Python lists.
 - ``routed_experts[p]`` is the routing computed when token ``p`` was fed to the model: row
   ``j`` of a turn's rows lands at position ``start + j``, later turns overwrite earlier
   ones, rows past the segment's end are ignored. The LAST ROW IS PADDING (zeros): the
   final sampled token is never fed back, so no routing exists for it. Positions no turn
   covered are zeros too. ``routed_experts`` is ``None`` when no turn carried any.
 
-Wire forms (``segment_to_json``): ``format="json"`` gives plain lists; ``format="b64v1"``
-gives each array as ``{"dtype", "shape", "data"}`` with ``data`` the base64 of the
-little-endian bytes (tokens ``<i4``, loss mask ``|u1``, logprobs ``<f4``, routed experts
-the smallest of ``|u1``/``<u2``/``<i4`` holding every id), about 5x smaller and decoded
-with one ``numpy.frombuffer`` each. ``COMPACT_FORMATS`` lists the versions served.
+Wire forms (``segment_to_json``), each carrying the same values:
+- ``format="json"``: plain lists.
+- ``format="b64v1"``: each array as ``{"dtype", "shape", "data"}`` with ``data`` the
+  base64 of the little-endian bytes (tokens ``<i4``, loss mask ``|u1``, logprobs ``<f4``,
+  routed experts the smallest of ``|u1``/``<u2``/``<i4`` holding every id), about 5x
+  smaller than json and decoded with one ``numpy.frombuffer`` each.
+- ``format="binv1"``: the arrays themselves (the same dtypes, except routed experts stay
+  in their stored dtype, unscanned), for ``recorder.binwire`` to send as raw bytes: no
+  base64 (a third larger than the bytes), no text to decode.
+``COMPACT_FORMATS`` lists the versions served.
 
 A turn whose logprobs do not match its output ids, or whose routing shape differs from the
 segment's, breaks the alignment this module promises, so it raises ``RecorderError``.
