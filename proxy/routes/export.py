@@ -199,9 +199,9 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             frames = _binv1_claim(state, batch, result.groups)
             return StreamingResponse(frames, media_type=binwire.MEDIA_TYPE)
         session_ids = [sid for group in result.groups for sid in group.session_ids]
-        samples = aiter(_samples(state, session_ids, wire))
+        samples = iter([sample async for sample in _samples(state, session_ids, wire)])
         groups = [
-            {**_group_json(group), "samples": [await anext(samples) for _ in group.session_ids]}
+            {**_group_json(group), "samples": [next(samples) for _ in group.session_ids]}
             for group in result.groups
         ]
         return {**batch, "groups": groups}

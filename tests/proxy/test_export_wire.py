@@ -14,6 +14,7 @@ import pytest
 from fastapi import FastAPI
 
 from proxy.adapters.openai_chat import OpenAIChatAdapter
+from proxy.errors import BackendUnavailable, RecorderError
 from proxy.gate import RunGate
 from proxy.metrics import Metrics
 from proxy.routes import export
@@ -170,3 +171,27 @@ async def test_binv1_streams_the_stored_expert_dtypes(server: str, database_url:
     assert b'"routed_experts":{"dtype":"|u1"' in response.content
     assert b'"routed_experts":{"dtype":"<u2"' in response.content
     assert b'"routed_experts":{"dtype":"<i4"' not in response.content
+
+
+async def test_a_binv1_claim_that_fails_mid_stream_is_refused_by_the_client(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id, expected = await record_group(database_url)
+    second = list(expected)[1]
+    app = export_app(database_url)
+    with serve(app) as url:
+        store = app.state.lego_export.store
+        read = store.list_turn_arrays
+
+        async def fails_on_the_second_sample(session_id: str) -> object:
+            if session_id == second:
+                raise RecorderError("the database went away")
+            return await read(session_id)
+
+        monkeypatch.setattr(store, "list_turn_arrays", fails_on_the_second_sample)
+        # The first sample is on the wire by then: the connection ends early instead.
+        with (
+            ExportClient(url, ADMIN_KEY, run_id) as client,
+            pytest.raises(BackendUnavailable, match="incomplete"),
+        ):
+            client.claim(1, None, 60.0, wire_format="binv1")
