@@ -4,14 +4,22 @@ Synthetic agent sessions (each turn continues the previous one: a new prompt tai
 sampled tokens, with one 48 x 8 routed-experts row per new token, as SGLang returns for
 Qwen3-30B-A3B) go through the production write path (``TurnWriter`` -> ``Store``, with a
 spool). Then every group is claimed through the real export route served by uvicorn on
-loopback, and the same number of bytes is fetched from a plain route on the same server.
+loopback, by the trainer's own client code, in each compact wire form (``b64v1`` base64
+JSON; ``binv1`` raw bytes streamed behind JSON headers, what ``trainer_bridge`` uses),
+and the same number of bytes is fetched from a plain route on the same server. Each claim
+is timed from the request to the body's last byte (the whole HTTP export: database reads,
+segment assembly, encoding, transfer), and again to arrays decoded by ``parse_claim``.
+Claims take a short lease, so each repeat claims the same groups again; every timing is
+the median of ``--repeats`` (raw and export runs interleaved), after one untimed warm-up of
+each path.
 
 Reported: ingest tokens/s and MB/s (raw bytes as SGLang sends them: int32 ids, float32
 logprobs, int32 experts), stored bytes per new token (the ``turns`` table's size growth)
 against the raw compact array bytes (int32 ids, float32 logprobs, uint8 experts), and
 export throughput (array bytes delivered per second) against the raw loopback transfer.
 
-    python -m bench.recorder [--sessions 24] [--turns 8] [--tokens 1024] [--database-url URL]
+    python -m bench.recorder [--sessions 24] [--turns 8] [--tokens 1024] [--repeats 3]
+                             [--database-url URL]
 
 (Run it as a module: as a script, its own directory would come first on ``sys.path`` and
 this file would shadow the ``recorder`` package it measures.)
@@ -24,10 +32,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -48,10 +57,14 @@ from recorder.spool import Spool
 from recorder.store import Store
 from recorder.writer import TurnWriter
 from tests.support.postgres import running_postgres
+from trainer_bridge.client import ClaimedBatch, ClaimedSegment, parse_claim
 
 LAYERS, TOP_K, EXPERTS = 48, 8, 128
 ADMIN_KEY = "bench-admin-key"
 GROUP_SIZE = 8
+WIRE_FORMATS = ("b64v1", "binv1")  # binv1 is what trainer_bridge asks for
+EXPERT_BYTES = 1  # EXPERTS <= 256: stored, and sent, as uint8
+LEASE_S = 0.3
 
 
 def synthetic_turns(
@@ -158,7 +171,9 @@ async def ingest(
     }
 
 
-def export_vs_loopback(url: str, run_id: str, groups: int) -> dict[str, float]:
+def export_vs_loopback(
+    url: str, run_id: str, groups: int, repeats: int, wire_formats: Sequence[str]
+) -> dict[str, float | int | str]:
     settings = Settings(admin_key=ADMIN_KEY, database_url=url)
     app = FastAPI()
     app.include_router(export.build_router(settings, OpenAIChatAdapter().error_response))
@@ -181,39 +196,90 @@ def export_vs_loopback(url: str, run_id: str, groups: int) -> dict[str, float]:
             return Response(b"{}")
 
         client.post("/bench-setup").raise_for_status()
-        headers = {"authorization": f"Bearer {ADMIN_KEY}"}
-        began = time.perf_counter()
-        response = client.post(
-            f"/api/v1/runs/{run_id}/claims?format=b64v1",
-            json={"groups": groups},
-            headers=headers,
-        )
-        export_s = time.perf_counter() - began
-        response.raise_for_status()
-        body = response.json()
-        array_bytes = 0
-        for group in body["groups"]:
-            for sample in group["samples"]:
-                for seg in sample["segments"]:
-                    for key in ("tokens", "loss_mask", "logprobs", "routed_experts"):
-                        if seg[key] is not None:
-                            shape = seg[key]["shape"]
-                            itemsize = np.dtype(seg[key]["dtype"]).itemsize
-                            array_bytes += int(np.prod(shape)) * itemsize
+
+        def claim(wire: str) -> tuple[httpx.Response, float, float, ClaimedBatch]:
+            """One claim of every group, timed to the last byte, then to decoded arrays.
+
+            A short lease: once it expired, the next claim gets the same groups again.
+            """
+            time.sleep(LEASE_S)
+            began = time.perf_counter()
+            response = client.post(
+                f"/api/v1/runs/{run_id}/claims?format={wire}",
+                json={"groups": groups, "lease_s": LEASE_S},
+                headers={"authorization": f"Bearer {ADMIN_KEY}"},
+            )
+            received = time.perf_counter()
+            response.raise_for_status()
+            batch = parse_claim(response.content)
+            decoded = time.perf_counter()
+            assert len(batch.groups) == groups, "every group is claimed each time"
+            return response, received - began, decoded - began, batch
+
+        def fetch_raw() -> float:
+            began = time.perf_counter()
+            raw = client.get("/raw")
+            elapsed = time.perf_counter() - began
+            assert len(raw.content) == array_bytes
+            return elapsed
+
+        # Warm both paths (connections, statement caches) before timing either.
+        array_bytes = _array_bytes(claim(wire_formats[0])[3])
         blob.extend(np.random.default_rng(1).bytes(array_bytes))
-        client.get("/raw").raise_for_status()  # warm the path
-        began = time.perf_counter()
-        raw = client.get("/raw")
-        raw_s = time.perf_counter() - began
-        assert len(raw.content) == array_bytes
-    return {
-        "export groups": len(body["groups"]),
+        fetch_raw()
+        # Interleaved, so that a busy machine slows every path alike.
+        raw_times: list[float] = []
+        runs: dict[str, list[tuple[httpx.Response, float, float, ClaimedBatch]]] = {
+            wire: [] for wire in wire_formats
+        }
+        for _ in range(repeats):
+            raw_times.append(fetch_raw())
+            for wire in wire_formats:
+                runs[wire].append(claim(wire))
+        _assert_same_arrays(*(timed[0][3] for timed in runs.values()))
+    raw_s = statistics.median(raw_times)
+    results: dict[str, float | int | str] = {
+        "export groups": groups,
         "export array MB": array_bytes / 1e6,
-        "export response MB (b64v1 JSON)": len(response.content) / 1e6,
-        "export MB/s (array bytes)": array_bytes / export_s / 1e6,
+        "timing": f"median of {repeats} (after one warm-up)",
         "raw loopback MB/s": array_bytes / raw_s / 1e6,
-        "export / raw loopback": raw_s / export_s,
     }
+    for wire, timed in runs.items():
+        export_s = statistics.median(t[1] for t in timed)
+        decoded_s = statistics.median(t[2] for t in timed)
+        results |= {
+            f"{wire}: response MB": len(timed[0][0].content) / 1e6,
+            f"{wire}: export MB/s (array bytes)": array_bytes / export_s / 1e6,
+            f"{wire}: export / raw loopback": raw_s / export_s,
+            f"{wire}: export+decode / raw loopback": raw_s / decoded_s,
+        }
+    return results
+
+
+def _array_bytes(batch: ClaimedBatch) -> int:
+    """Bytes of the arrays a claim carries, in their compact dtypes: int32 tokens, uint8
+    loss mask, float32 logprobs, uint8 routed experts."""
+    total = 0
+    for seg in _segments(batch):
+        total += seg.tokens.size * (4 + 1 + 4)
+        if seg.routed_experts is not None:
+            total += seg.routed_experts.size * EXPERT_BYTES
+    return total
+
+
+def _assert_same_arrays(*batches: ClaimedBatch) -> None:
+    """Every wire form delivered the same arrays, bit for bit."""
+    first, *others = batches
+    for other in others:
+        for a, b in zip(_segments(first), _segments(other), strict=True):
+            for key in ("tokens", "loss_mask", "logprobs", "routed_experts"):
+                np.testing.assert_array_equal(getattr(a, key), getattr(b, key))
+
+
+def _segments(batch: ClaimedBatch) -> Iterator[ClaimedSegment]:
+    for group in batch.groups:
+        for sample in group.samples:
+            yield from sample.segments
 
 
 def main() -> None:
@@ -222,11 +288,17 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=1024, help="new tokens per turn")
     parser.add_argument("--database-url", default=None)
+    parser.add_argument("--repeats", type=int, default=3, help="timed claims per wire form")
+    parser.add_argument(
+        "--formats", default=",".join(WIRE_FORMATS), help="wire forms to measure, in order"
+    )
     args = parser.parse_args()
     with database(args.database_url) as url, tempfile.TemporaryDirectory() as tmp:
         assert url is not None
         run_id, results = asyncio.run(ingest(url, args, Path(tmp) / "spool"))
-        results |= export_vs_loopback(url, run_id, groups=args.sessions // GROUP_SIZE + 1)
+        groups = -(-args.sessions // GROUP_SIZE)
+        wire_formats = args.formats.split(",")
+        results |= export_vs_loopback(url, run_id, groups, args.repeats, wire_formats)
     width = max(len(k) for k in results)
     for key, value in results.items():
         print(

@@ -8,7 +8,8 @@ Contract:
 - routed experts: the rows in the smallest dtype that holds every id (``uint8`` when all
   ids are in [0, 256), else ``uint16`` when in [0, 65536), else ``int32``), with the
   layers and top_k needed to restore the shape; decoding gives an int32 array equal to
-  the one written.
+  the one written. ``stored_rows`` gives the same rows in their stored dtype, as a
+  read-only view of the stored bytes (no copy), for the export path.
 
 Values that do not fit (a token id outside int32, a routing array that is not 3-D) raise
 ``InvalidRequest``: such a record can never be stored, and retrying will not help.
@@ -66,7 +67,7 @@ def decode_logprobs(data: bytes) -> tuple[float, ...]:
     return tuple(np.frombuffer(data, dtype=_LOGPROBS).astype(np.float64).tolist())
 
 
-def expert_dtype_for(rows: npt.NDArray[np.int32]) -> str:
+def expert_dtype_for(rows: npt.NDArray[np.integer[Any]]) -> str:
     """Name of the smallest stored dtype that holds every id in ``rows``."""
     if rows.size == 0:
         return "uint8"
@@ -94,9 +95,13 @@ def encode_experts(experts: RoutedExperts) -> EncodedExperts:
     )
 
 
-def decode_experts(encoded: EncodedExperts) -> RoutedExperts:
+def stored_rows(encoded: EncodedExperts) -> npt.NDArray[np.integer[Any]]:
+    """The rows ``[rows, layers, top_k]`` in their stored dtype, viewing ``encoded.data``."""
     flat = np.frombuffer(encoded.data, dtype=_EXPERT_DTYPES[encoded.dtype])
     per_row = encoded.num_layers * encoded.top_k
     num_rows = flat.size // per_row if per_row else 0
-    rows = flat.astype(np.int32).reshape(num_rows, encoded.num_layers, encoded.top_k)
-    return RoutedExperts(start=encoded.start, rows=rows)
+    return flat.reshape(num_rows, encoded.num_layers, encoded.top_k)
+
+
+def decode_experts(encoded: EncodedExperts) -> RoutedExperts:
+    return RoutedExperts(start=encoded.start, rows=stored_rows(encoded).astype(np.int32))

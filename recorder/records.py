@@ -7,6 +7,10 @@ anything. ``prompt_ids`` are the ids sent to the backend, bit-exact; ``output_id
 
 ``RoutedExperts.rows`` follows SGLang: row ``j`` is the routing computed when the token at
 absolute position ``start + j`` was fed through the model, shape ``[rows, layers, top_k]``.
+
+``TurnArrays`` is the export path's view of a turn: only what a training segment needs,
+with the per-token data as numpy arrays (read straight from the stored bytes by
+``Store.list_turn_arrays``, routed experts kept in their stored dtype).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -117,6 +122,41 @@ class TurnRecord:
     # means the whole output came from ``weight_version``.
     weight_version_spans: tuple[tuple[str, int, int], ...] = ()
     timings: TurnTimings = field(default_factory=lambda: TurnTimings(received_at=0.0))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TurnArrays:
+    """One turn as ``recorder.trajectory`` reads it: ids, order, versions and arrays."""
+
+    id: str
+    seq: int
+    status: TurnStatus
+    classification: str  # as ``TurnRecord``'s, re-labels applied (a side request found later)
+    weight_version: str
+    weight_version_spans: tuple[tuple[str, int, int], ...]
+    prompt_ids: npt.NDArray[np.int32]  # the full prompt
+    output_ids: npt.NDArray[np.int32]
+    logprobs: npt.NDArray[np.float32]
+    routed_start: int = 0
+    # [rows, layers, top_k] in any integer dtype (as stored: uint8, uint16 or int32).
+    routed_rows: npt.NDArray[np.integer[Any]] | None = None
+
+    @classmethod
+    def of(cls, record: TurnRecord) -> TurnArrays:
+        routed = record.routed_experts
+        return cls(
+            id=record.id,
+            seq=record.seq,
+            status=record.status,
+            classification=record.classification,
+            weight_version=record.weight_version,
+            weight_version_spans=record.weight_version_spans,
+            prompt_ids=np.asarray(record.prompt_ids, dtype=np.int32),
+            output_ids=np.asarray(record.output_ids, dtype=np.int32),
+            logprobs=np.asarray(record.logprobs, dtype=np.float32),
+            routed_start=routed.start if routed is not None else 0,
+            routed_rows=routed.rows if routed is not None else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)

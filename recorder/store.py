@@ -10,7 +10,9 @@ Contract:
 - ``write_turns`` is one transaction and idempotent by turn id: writing a turn again is a
   no-op, so a writer may retry a batch after an ambiguous failure.
 - ``list_turns`` gives back exactly what was written, in seq order, except that logprobs
-  are float32-rounded (see ``codec``).
+  are float32-rounded (see ``codec``). ``list_turn_arrays`` gives the same turns as
+  ``TurnArrays`` (what the export needs): numpy views of the stored bytes, routed experts
+  in their stored dtype, without the conversation blobs.
 - Linear storage: a turn with a parent stores only ``prompt_ids[reused_prefix_len:]``; the
   leading ids are the parent's prompt + output, which the ledger guarantees (its contract).
   ``list_turns`` rebuilds every full prompt by walking the parent chain inside the session
@@ -54,6 +56,7 @@ from recorder.records import (
     SessionInfo,
     SessionSpec,
     SessionStatus,
+    TurnArrays,
     TurnRecord,
     TurnStatus,
     TurnTimings,
@@ -338,6 +341,21 @@ class Store:
             rows = [row._mapping for row in result]
         return _relabel_side_requests(_rebuild_prompts(session_id, rows))
 
+    async def list_turn_arrays(self, session_id: str) -> list[TurnArrays]:
+        async with self._transaction(f"read turn arrays of session {session_id}") as conn:
+            result = await conn.execute(
+                select(*(turns.c[name] for name in _ARRAY_COLUMNS))
+                .where(turns.c.session_id == session_id)
+                .order_by(turns.c.seq, turns.c.id)
+            )
+            rows = [row._mapping for row in result]
+        prompts = _full_prompts(session_id, rows)
+        named = {turn_id for row in rows for turn_id in row["side_requests"] or ()}
+        return [
+            _row_to_arrays(row, prompt, relabelled=row["id"] in named)
+            for row, prompt in zip(rows, prompts, strict=True)
+        ]
+
     def _insert_turns_ignoring_known_ids(self) -> Insert:
         # Only a clash on the id is a duplicate; a clash on (session_id, seq) with another
         # id is a real conflict and must fail rather than silently drop a turn.
@@ -448,12 +466,21 @@ def _turn_to_row(record: TurnRecord) -> dict[str, object]:
 
 
 def _rebuild_prompts(session_id: str, rows: Sequence[Mapping[Any, Any]]) -> list[TurnRecord]:
-    """Turn rows -> records with full prompts, walking each parent chain once."""
+    prompts = _full_prompts(session_id, rows)
+    return [
+        _row_to_turn(row, tuple(prompt.tolist())) for row, prompt in zip(rows, prompts, strict=True)
+    ]
+
+
+def _full_prompts(
+    session_id: str, rows: Sequence[Mapping[Any, Any]]
+) -> list[npt.NDArray[np.int32]]:
+    """Each row's full prompt ids (linear storage undone), walking each parent chain once."""
     by_id = {row["id"]: row for row in rows}
     tokens: dict[str, npt.NDArray[np.int32]] = {}  # turn id -> full prompt + output
 
     def prompt_of(row: Mapping[Any, Any]) -> npt.NDArray[np.int32]:
-        stored = np.frombuffer(bytes(row["prompt_ids"]), dtype="<i4")
+        stored = np.frombuffer(row["prompt_ids"], dtype="<i4")
         offset = row["prompt_offset"]
         if offset == 0:
             return stored
@@ -472,7 +499,7 @@ def _rebuild_prompts(session_id: str, rows: Sequence[Mapping[Any, Any]]) -> list
             parent_id = parent["parent_turn_id"]
         for ancestor in reversed(chain):
             full_prompt = prompt_of(ancestor)  # ancestors above it are resolved by now
-            output = np.frombuffer(bytes(ancestor["output_ids"]), dtype="<i4")
+            output = np.frombuffer(ancestor["output_ids"], dtype="<i4")
             tokens[ancestor["id"]] = np.concatenate([full_prompt, output])
         prefix = tokens[row["parent_turn_id"]][:offset]
         if len(prefix) != offset:
@@ -481,13 +508,73 @@ def _rebuild_prompts(session_id: str, rows: Sequence[Mapping[Any, Any]]) -> list
             )
         return np.concatenate([prefix, stored])
 
-    records = []
+    prompts = []
     for row in rows:
         prompt = prompt_of(row)
-        output = np.frombuffer(bytes(row["output_ids"]), dtype="<i4")
+        output = np.frombuffer(row["output_ids"], dtype="<i4")
         tokens[row["id"]] = np.concatenate([prompt, output])
-        records.append(_row_to_turn(row, tuple(prompt.tolist())))
-    return records
+        prompts.append(prompt)
+    return prompts
+
+
+# What ``list_turn_arrays`` reads: a segment's inputs and what rebuilding prompts needs.
+_ARRAY_COLUMNS = (
+    "id",
+    "seq",
+    "status",
+    "classification",
+    "side_requests",
+    "weight_version",
+    "weight_version_spans",
+    "parent_turn_id",
+    "prompt_ids",
+    "prompt_offset",
+    "output_ids",
+    "logprobs",
+    "routed_experts",
+    "routed_experts_start",
+    "routed_experts_num_layers",
+    "routed_experts_top_k",
+    "routed_experts_dtype",
+)
+
+
+def _row_to_arrays(
+    row: Mapping[Any, Any], prompt_ids: npt.NDArray[np.int32], *, relabelled: bool
+) -> TurnArrays:
+    classification = row["classification"]
+    if relabelled and classification == "root":  # as ``_relabel_side_requests``
+        classification = SIDE_REQUEST_CLASSIFICATION
+    routed = None
+    if row["routed_experts"] is not None:
+        routed = codec.stored_rows(_encoded_experts(row))
+    return TurnArrays(
+        id=row["id"],
+        seq=row["seq"],
+        status=TurnStatus(row["status"]),
+        classification=classification,
+        weight_version=row["weight_version"],
+        weight_version_spans=_spans(row),
+        prompt_ids=prompt_ids,
+        output_ids=np.frombuffer(row["output_ids"], dtype="<i4"),
+        logprobs=np.frombuffer(row["logprobs"], dtype="<f4"),
+        routed_start=row["routed_experts_start"] if routed is not None else 0,
+        routed_rows=routed,
+    )
+
+
+def _encoded_experts(row: Mapping[Any, Any]) -> codec.EncodedExperts:
+    return codec.EncodedExperts(
+        data=bytes(row["routed_experts"]),
+        start=row["routed_experts_start"],
+        num_layers=row["routed_experts_num_layers"],
+        top_k=row["routed_experts_top_k"],
+        dtype=row["routed_experts_dtype"],
+    )
+
+
+def _spans(row: Mapping[Any, Any]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((str(v), int(a), int(b)) for v, a, b in row["weight_version_spans"] or ())
 
 
 def _relabel_side_requests(records: list[TurnRecord]) -> list[TurnRecord]:
@@ -506,15 +593,7 @@ def _relabel_side_requests(records: list[TurnRecord]) -> list[TurnRecord]:
 def _row_to_turn(row: Mapping[Any, Any], prompt_ids: tuple[int, ...]) -> TurnRecord:
     experts = None
     if row["routed_experts"] is not None:
-        experts = codec.decode_experts(
-            codec.EncodedExperts(
-                data=bytes(row["routed_experts"]),
-                start=row["routed_experts_start"],
-                num_layers=row["routed_experts_num_layers"],
-                top_k=row["routed_experts_top_k"],
-                dtype=row["routed_experts_dtype"],
-            )
-        )
+        experts = codec.decode_experts(_encoded_experts(row))
     return TurnRecord(
         id=row["id"],
         session_id=row["session_id"],
@@ -541,9 +620,7 @@ def _row_to_turn(row: Mapping[Any, Any], prompt_ids: tuple[int, ...]) -> TurnRec
         fork_reason=row["fork_reason"],
         reused_prefix_len=row["reused_prefix_len"],
         side_requests=tuple(row.get("side_requests") or ()),
-        weight_version_spans=tuple(
-            (str(v), int(a), int(b)) for v, a, b in row["weight_version_spans"] or ()
-        ),
+        weight_version_spans=_spans(row),
         timings=TurnTimings(
             received_at=row["received_at"],
             first_token_s=row["first_token_s"],

@@ -1,6 +1,7 @@
 """Turns of one session -> training segments with aligned arrays (pure, no IO).
 
-Contract of ``build_segments``:
+Contract of ``build_segments`` (turns as ``TurnArrays``, read straight from the stored
+bytes by ``Store.list_turn_arrays``, or as ``TurnRecord``):
 - Only ``COMPLETED`` turns count, taken in ``seq`` order.
 - A turn extends a segment when its prompt ids start with that segment's whole token
   sequence (of several such segments, the one extended most recently). The extension is
@@ -15,17 +16,26 @@ Contract of ``build_segments``:
   have one entry per turn in the segment, in order. ``weight_version_spans`` says which
   policy sampled which tokens: ``(version, start, end)`` over segment positions, covering
   exactly the loss-masked positions, split where a turn straddled a weight update.
+- The arrays are numpy: tokens int32, loss mask uint8, logprobs float32 (as recorded), and
+  routed experts in the dtype they were stored in (uint8, uint16 or int32; the widest
+  of the segment's turns when they differ). Each is filled once, turn range by turn range,
+  from the turns' arrays: nothing passes through Python lists.
 - ``routed_experts[p]`` is the routing computed when token ``p`` was fed to the model: row
   ``j`` of a turn's rows lands at position ``start + j``, later turns overwrite earlier
   ones, rows past the segment's end are ignored. The LAST ROW IS PADDING (zeros): the
   final sampled token is never fed back, so no routing exists for it. Positions no turn
   covered are zeros too. ``routed_experts`` is ``None`` when no turn carried any.
 
-Wire forms (``segment_to_json``): ``format="json"`` gives plain lists; ``format="b64v1"``
-gives each array as ``{"dtype", "shape", "data"}`` with ``data`` the base64 of the
-little-endian bytes (tokens ``<i4``, loss mask ``|u1``, logprobs ``<f4``, routed experts
-the smallest of ``|u1``/``<u2``/``<i4`` holding every id), about 5x smaller and decoded
-with one ``numpy.frombuffer`` each. ``COMPACT_FORMATS`` lists the versions served.
+Wire forms (``segment_to_json``), each carrying the same values:
+- ``format="json"``: plain lists.
+- ``format="b64v1"``: each array as ``{"dtype", "shape", "data"}`` with ``data`` the
+  base64 of the little-endian bytes (tokens ``<i4``, loss mask ``|u1``, logprobs ``<f4``,
+  routed experts the smallest of ``|u1``/``<u2``/``<i4`` holding every id), about 5x
+  smaller than json and decoded with one ``numpy.frombuffer`` each.
+- ``format="binv1"``: the arrays themselves (the same dtypes, except routed experts stay
+  in their stored dtype, unscanned), for ``recorder.binwire`` to send as raw bytes: no
+  base64 (a third larger than the bytes), no text to decode.
+``COMPACT_FORMATS`` lists the versions served.
 
 A turn whose logprobs do not match its output ids, or whose routing shape differs from the
 segment's, breaks the alignment this module promises, so it raises ``RecorderError``.
@@ -36,21 +46,23 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from proxy.errors import InvalidRequest, RecorderError
 from recorder.codec import expert_dtype_for
-from recorder.records import RoutedExperts, TurnRecord, TurnStatus
+from recorder.records import TurnArrays, TurnRecord, TurnStatus
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Segment:
-    tokens: tuple[int, ...]
-    loss_mask: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    routed_experts: npt.NDArray[np.int32] | None  # [len(tokens), layers, top_k]
+    tokens: npt.NDArray[np.int32]
+    loss_mask: npt.NDArray[np.uint8]
+    logprobs: npt.NDArray[np.float32]
+    # [len(tokens), layers, top_k] in the widest stored dtype of its turns' rows
+    routed_experts: npt.NDArray[np.integer[Any]] | None
     weight_versions: tuple[str, ...]  # one per turn in the segment
     turn_ids: tuple[str, ...]
     weight_version_spans: tuple[tuple[str, int, int], ...] = ()  # over segment positions
@@ -58,37 +70,32 @@ class Segment:
 
 @dataclass(slots=True)
 class _Builder:
-    """A segment under construction (mutable, private to one build_segments call)."""
+    """A segment under construction (mutable, private to one build_segments call).
 
-    tokens: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    routing: list[RoutedExperts] = field(default_factory=list)  # in turn order
-    weight_versions: list[str] = field(default_factory=list)
-    turn_ids: list[str] = field(default_factory=list)
+    Its tokens are always its last turn's prompt followed by that turn's output (each
+    extension's prompt starts with the tokens so far), so nothing is copied until
+    ``build``, and the arrays are then filled turn by turn, each range written once.
+    """
+
+    turns: list[TurnArrays] = field(default_factory=list)
     spans: list[tuple[str, int, int]] = field(default_factory=list)
     last_extended: int = 0
 
-    def is_prefix_of(self, prompt: Sequence[int]) -> bool:
-        n = len(self.tokens)
-        return len(prompt) >= n and list(prompt[:n]) == self.tokens
+    def is_prefix_of(self, prompt: npt.NDArray[np.int32]) -> bool:
+        last = self.turns[-1]
+        p, o = len(last.prompt_ids), len(last.output_ids)
+        return (
+            len(prompt) >= p + o
+            and np.array_equal(prompt[:p], last.prompt_ids)
+            and np.array_equal(prompt[p : p + o], last.output_ids)
+        )
 
-    def append(self, turn: TurnRecord, stamp: int) -> None:
-        tail = turn.prompt_ids[len(self.tokens) :]
-        self.tokens.extend(tail)
-        self.loss_mask.extend([0] * len(tail))
-        self.logprobs.extend([0.0] * len(tail))
-        self._add_spans(turn, len(self.tokens))
-        self.tokens.extend(turn.output_ids)
-        self.loss_mask.extend([1] * len(turn.output_ids))
-        self.logprobs.extend(turn.logprobs)
-        if turn.routed_experts is not None:
-            self.routing.append(turn.routed_experts)
-        self.weight_versions.append(turn.weight_version)
-        self.turn_ids.append(turn.id)
+    def append(self, turn: TurnArrays, stamp: int) -> None:
+        self._add_spans(turn, len(turn.prompt_ids))
+        self.turns.append(turn)
         self.last_extended = stamp
 
-    def _add_spans(self, turn: TurnRecord, at: int) -> None:
+    def _add_spans(self, turn: TurnArrays, at: int) -> None:
         spans = turn.weight_version_spans or ((turn.weight_version, 0, len(turn.output_ids)),)
         for version, start, end in spans:
             if end <= start:
@@ -100,20 +107,30 @@ class _Builder:
                 self.spans.append((version, at + start, at + end))
 
     def build(self) -> Segment:
+        last = self.turns[-1]
+        tokens = np.concatenate([last.prompt_ids, last.output_ids]).astype(np.int32, copy=False)
+        loss_mask = np.zeros(len(tokens), dtype=np.uint8)
+        logprobs = np.zeros(len(tokens), dtype=np.float32)
+        for turn in self.turns:
+            at = len(turn.prompt_ids)
+            loss_mask[at : at + len(turn.output_ids)] = 1
+            logprobs[at : at + len(turn.output_ids)] = turn.logprobs
+        turn_ids = tuple(turn.id for turn in self.turns)
         return Segment(
-            tokens=tuple(self.tokens),
-            loss_mask=tuple(self.loss_mask),
-            logprobs=tuple(self.logprobs),
-            routed_experts=_assemble_routing(self.routing, len(self.tokens), self.turn_ids),
-            weight_versions=tuple(self.weight_versions),
-            turn_ids=tuple(self.turn_ids),
+            tokens=tokens,
+            loss_mask=loss_mask,
+            logprobs=logprobs,
+            routed_experts=_assemble_routing(self.turns, len(tokens), turn_ids),
+            weight_versions=tuple(turn.weight_version for turn in self.turns),
+            turn_ids=turn_ids,
             weight_version_spans=tuple(self.spans),
         )
 
 
-def build_segments(turns: Sequence[TurnRecord]) -> list[Segment]:
+def build_segments(turns: Sequence[TurnArrays | TurnRecord]) -> list[Segment]:
+    arrays = (turn if isinstance(turn, TurnArrays) else TurnArrays.of(turn) for turn in turns)
     completed = sorted(
-        (turn for turn in turns if turn.status is TurnStatus.COMPLETED), key=lambda t: t.seq
+        (turn for turn in arrays if turn.status is TurnStatus.COMPLETED), key=lambda t: t.seq
     )
     builders: list[_Builder] = []
     for stamp, turn in enumerate(completed, start=1):
@@ -130,41 +147,45 @@ def build_segments(turns: Sequence[TurnRecord]) -> list[Segment]:
             builders.append(target)
         target.append(turn, stamp)
     roots = {turn.id for turn in completed if turn.classification == "root"}
-    builders.sort(key=lambda builder: builder.turn_ids[0] not in roots)  # stable
+    builders.sort(key=lambda builder: builder.turns[0].id not in roots)  # stable
     return [builder.build() for builder in builders]
 
 
 def _assemble_routing(
-    routing: Sequence[RoutedExperts], length: int, turn_ids: Sequence[str]
-) -> npt.NDArray[np.int32] | None:
-    if not routing:
+    turns: Sequence[TurnArrays], length: int, turn_ids: Sequence[str]
+) -> npt.NDArray[np.integer[Any]] | None:
+    routed = [(t.routed_start, t.routed_rows) for t in turns if t.routed_rows is not None]
+    if not routed:
         return None
-    shape = routing[0].rows.shape[1:]
-    out = np.zeros((length, *shape), dtype=np.int32)
-    for experts in routing:
-        if experts.rows.shape[1:] != shape:
+    shape = routed[0][1].shape[1:]
+    for _, rows in routed:
+        if rows.shape[1:] != shape:
             raise RecorderError(
                 f"segment of turns {list(turn_ids)}: routed experts of shape "
-                f"{experts.rows.shape[1:]} and {shape} cannot be aligned"
+                f"{rows.shape[1:]} and {shape} cannot be aligned"
             )
-        end = min(experts.start + experts.num_rows, length)
-        if end > experts.start:
-            out[experts.start : end] = experts.rows[: end - experts.start]
+    # The widest stored dtype holds every row; narrower rows widen on assignment.
+    out = np.zeros((length, *shape), dtype=np.result_type(*(rows.dtype for _, rows in routed)))
+    for start, rows in routed:
+        end = min(start + len(rows), length)
+        if end > start:
+            out[start:end] = rows[: end - start]
     return out
 
 
-COMPACT_FORMATS = ("b64v1",)
+COMPACT_FORMATS = ("b64v1", "binv1")
 FORMATS = ("json", *COMPACT_FORMATS)
 
 
 def segment_to_json(
     seg: Segment, format: str = "json", *, numpy_arrays: bool = False
 ) -> Mapping[str, object]:
-    """The segment as JSON values; ``InvalidRequest`` for an unknown ``format``.
+    """The segment in a wire form; ``InvalidRequest`` for an unknown ``format``.
 
-    ``numpy_arrays`` leaves ``routed_experts`` as an array in the json format, for callers
-    that serialize with ``orjson.OPT_SERIALIZE_NUMPY`` (an order of magnitude faster than
-    building nested lists).
+    ``json`` and ``b64v1`` give JSON values; ``numpy_arrays`` leaves the json form's arrays
+    as numpy arrays, for callers that serialize with ``orjson.OPT_SERIALIZE_NUMPY`` (an order
+    of magnitude faster than building lists). ``binv1`` gives the arrays themselves, for
+    ``recorder.binwire.encode_frame`` to lay out.
     """
     if format not in FORMATS:
         raise InvalidRequest(f"unknown format {format!r}: use one of {list(FORMATS)}")
@@ -173,25 +194,34 @@ def segment_to_json(
         "weight_version_spans": [list(span) for span in seg.weight_version_spans],
         "turn_ids": list(seg.turn_ids),
     }
+    routed = seg.routed_experts
     if format == "json":
+        # float64 so that the JSON numbers are the float32 values exactly, as recorded.
+        arrays = (seg.tokens, seg.loss_mask, seg.logprobs.astype(np.float64), routed)
         return {
-            "tokens": list(seg.tokens),
-            "loss_mask": list(seg.loss_mask),
-            "logprobs": list(seg.logprobs),
-            "routed_experts": seg.routed_experts
-            if numpy_arrays or seg.routed_experts is None
-            else seg.routed_experts.tolist(),
+            key: value.tolist() if value is not None and not numpy_arrays else value
+            for key, value in zip(_ARRAY_KEYS, arrays, strict=True)
+        } | common
+    if format == "binv1":
+        return {
+            "format": format,
+            "tokens": seg.tokens,
+            "loss_mask": seg.loss_mask,
+            "logprobs": seg.logprobs,
+            "routed_experts": None if routed is None else _wire_experts(routed),
             **common,
         }
-    routed = seg.routed_experts
     return {
         "format": format,
-        "tokens": _b64(np.asarray(seg.tokens, dtype="<i4")),
-        "loss_mask": _b64(np.asarray(seg.loss_mask, dtype="|u1")),
-        "logprobs": _b64(np.asarray(seg.logprobs, dtype="<f4")),
+        "tokens": _b64(seg.tokens),
+        "loss_mask": _b64(seg.loss_mask),
+        "logprobs": _b64(seg.logprobs),
         "routed_experts": None if routed is None else _b64(_smallest(routed)),
         **common,
     }
+
+
+_ARRAY_KEYS = ("tokens", "loss_mask", "logprobs", "routed_experts")
 
 
 def decode_array(encoded: Mapping[str, object]) -> npt.NDArray[np.generic]:
@@ -202,14 +232,24 @@ def decode_array(encoded: Mapping[str, object]) -> npt.NDArray[np.generic]:
     return np.frombuffer(data, dtype=np.dtype(str(encoded["dtype"]))).reshape(shape)
 
 
-def _smallest(rows: npt.NDArray[np.int32]) -> npt.NDArray[np.generic]:
+def _smallest(rows: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.integer[Any]]:
+    if rows.dtype == np.uint8:
+        return rows  # nothing is smaller: skip the scan
     dtype = {"uint8": "|u1", "uint16": "<u2", "int32": "<i4"}[expert_dtype_for(rows)]
-    return rows.astype(dtype)
+    return rows.astype(dtype, copy=False)
 
 
-def _b64(array: npt.NDArray[np.generic]) -> dict[str, object]:
+def _wire_experts(rows: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.integer[Any]]:
+    """Stored dtypes travel as they are; anything else (records built in memory, int64)
+    is narrowed to the smallest stored dtype."""
+    if rows.dtype.str in ("|u1", "<u2", "<i4"):
+        return rows
+    return _smallest(rows)
+
+
+def _b64(array: npt.NDArray[Any]) -> dict[str, object]:
     return {
         "dtype": array.dtype.str,
         "shape": list(array.shape),
-        "data": base64.b64encode(array.tobytes()).decode("ascii"),
+        "data": base64.b64encode(np.ascontiguousarray(array).data).decode("ascii"),
     }

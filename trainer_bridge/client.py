@@ -2,9 +2,10 @@
 
 Owns the wire side of training, nothing else:
 
-- ``ExportClient`` (admin key): ``claim`` complete groups of a run (arrays as JSON lists
-  or, by default, the compact ``b64v1`` form: base64 little-endian with dtype and shape;
-  a vector reward is ``Unsupported``: GRPO needs one scalar), ``ack`` a batch,
+- ``ExportClient`` (admin key): ``claim`` complete groups of a run (arrays as JSON lists,
+  as base64 text (``b64v1``) or, by default, as raw little-endian bytes in the framed
+  ``binv1`` body laid out in ``recorder.binwire``; ``parse_claim`` reads all three; a
+  vector reward is ``Unsupported``: GRPO needs one scalar), ``ack`` a batch,
   ``pause``/``resume`` the run around a weight sync, ``announce_weight_version``, and
   ``post_alignment`` metrics. Claimed JSON is validated with pydantic here and handed on as
   frozen dataclasses (``ClaimedBatch`` -> ``ClaimedGroup`` -> ``ClaimedSample`` ->
@@ -21,14 +22,16 @@ with the upstream status), an unreachable server ``BackendUnavailable``. One poo
 from __future__ import annotations
 
 import base64
+import math
+import struct
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import httpx
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proxy.errors import (
     AuthenticationFailed,
@@ -104,11 +107,22 @@ class _EncodedWire(_Wire):
     data: str
 
 
+class _ArrayRefWire(_Wire):
+    """One array in a ``binv1`` frame: where its little-endian bytes lie in the payload."""
+
+    dtype: str
+    shape: list[int]
+    offset: int = Field(ge=0)
+
+
+_Array = _EncodedWire | _ArrayRefWire
+
+
 class _SegmentWire(_Wire):
-    tokens: list[int] | _EncodedWire
-    loss_mask: list[int] | _EncodedWire
-    logprobs: list[float] | _EncodedWire
-    routed_experts: list[list[list[int]]] | _EncodedWire | None = None
+    tokens: list[int] | _Array
+    loss_mask: list[int] | _Array
+    logprobs: list[float] | _Array
+    routed_experts: list[list[list[int]]] | _Array | None = None
     weight_versions: list[str] = []
     turn_ids: list[str] = []
 
@@ -134,20 +148,57 @@ class _ClaimWire(_Wire):
     groups: list[_GroupWire]
 
 
-def _array(value: list[Any] | _EncodedWire, dtype: type[np.generic]) -> npt.NDArray[Any]:
-    if isinstance(value, _EncodedWire):
-        try:
-            raw = np.frombuffer(base64.b64decode(value.data), dtype=np.dtype(value.dtype))
-            return raw.reshape(value.shape).astype(dtype)
-        except (ValueError, TypeError) as exc:
-            raise InvalidRequest(f"undecodable array ({value.dtype}, {value.shape})") from exc
-    return np.asarray(value, dtype=dtype)
+class _FrameWire(_Wire):
+    nbytes: int = Field(ge=0)  # of the payload after this header
 
 
-def _segment(wire: _SegmentWire) -> ClaimedSegment:
-    tokens = _array(wire.tokens, np.int64)
-    loss_mask = _array(wire.loss_mask, np.bool_)
-    logprobs = _array(wire.logprobs, np.float64)
+class _GroupHeadWire(_Wire):
+    group_id: str
+    task_id: str = ""
+    sample_count: int = Field(ge=0)
+
+
+class _BatchFrameWire(_FrameWire):
+    batch_id: str | None = None
+    schema_version: int = 1
+    zero_variance_groups: int = 0
+    groups: list[_GroupHeadWire]
+
+
+class _SampleFrameWire(_FrameWire, _SampleWire):
+    pass
+
+
+_W = TypeVar("_W", bound=_FrameWire)
+BINV1_MAGIC = b"LEGOBIN1"  # recorder.binwire.MAGIC: a binv1 body starts with it
+_ARRAY_KINDS = frozenset("biuf")
+
+
+def _array(
+    value: list[Any] | _Array, dtype: type[np.generic], payload: memoryview | None
+) -> npt.NDArray[Any]:
+    if isinstance(value, list):
+        return np.asarray(value, dtype=dtype)
+    try:
+        wire_dtype = np.dtype(value.dtype)
+        if wire_dtype.kind not in _ARRAY_KINDS or any(n < 0 for n in value.shape):
+            raise ValueError("not a numeric dtype, or a negative dimension")
+        if isinstance(value, _EncodedWire):
+            raw = np.frombuffer(base64.b64decode(value.data), dtype=wire_dtype)
+        elif payload is None:
+            raise ValueError("an array reference outside a binv1 frame")
+        else:
+            count = math.prod(value.shape)
+            raw = np.frombuffer(payload, dtype=wire_dtype, count=count, offset=value.offset)
+        return raw.reshape(value.shape).astype(dtype)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"undecodable array ({value.dtype}, {value.shape}): {exc}") from exc
+
+
+def _segment(wire: _SegmentWire, payload: memoryview | None) -> ClaimedSegment:
+    tokens = _array(wire.tokens, np.int64, payload)
+    loss_mask = _array(wire.loss_mask, np.bool_, payload)
+    logprobs = _array(wire.logprobs, np.float64, payload)
     n = tokens.shape[0]
     if tokens.ndim != 1 or loss_mask.shape != (n,) or logprobs.shape != (n,):
         raise InvalidRequest(
@@ -156,7 +207,7 @@ def _segment(wire: _SegmentWire) -> ClaimedSegment:
         )
     routed = None
     if wire.routed_experts is not None:
-        routed = _array(wire.routed_experts, np.int32)
+        routed = _array(wire.routed_experts, np.int32, payload)
         if routed.ndim != 3 or routed.shape[0] != n:
             raise InvalidRequest(f"routed_experts of shape {routed.shape} for {n} tokens")
     return ClaimedSegment(
@@ -178,36 +229,91 @@ def _reward(wire: _SampleWire) -> float:
     return float(wire.reward or 0.0)
 
 
-def parse_claim(body: bytes) -> ClaimedBatch:
-    """Validate a claim response body; raise ``InvalidRequest`` on an unusable one."""
-    try:
-        wire = _ClaimWire.model_validate_json(body)
-    except ValidationError as exc:
-        raise InvalidRequest(f"unusable claim response: {exc.errors()[0]['msg']}") from exc
+def _sample(wire: _SampleWire, payload: memoryview | None = None) -> ClaimedSample:
+    return ClaimedSample(
+        session_id=wire.session_id,
+        sample_index=wire.sample_index,
+        reward=_reward(wire),
+        termination=wire.termination,
+        segments=tuple(_segment(seg, payload) for seg in wire.segments),
+    )
+
+
+def _check_batch(wire: _ClaimWire | _BatchFrameWire) -> None:
     if wire.schema_version != 1:
         raise InvalidRequest(f"claim schema_version {wire.schema_version} is not supported")
     if wire.groups and wire.batch_id is None:
         raise InvalidRequest("a claim that delivers groups must name its batch")
+
+
+def parse_claim(body: bytes) -> ClaimedBatch:
+    """Validate a claim response body (any wire form); ``InvalidRequest`` if unusable."""
+    if body.startswith(BINV1_MAGIC):
+        return _parse_binv1(body)
+    try:
+        wire = _ClaimWire.model_validate_json(body)
+    except ValidationError as exc:
+        raise InvalidRequest(f"unusable claim response: {exc.errors()[0]['msg']}") from exc
+    _check_batch(wire)
     groups = tuple(
         ClaimedGroup(
             group_id=g.group_id,
             task_id=g.task_id,
-            samples=tuple(
-                ClaimedSample(
-                    session_id=s.session_id,
-                    sample_index=s.sample_index,
-                    reward=_reward(s),
-                    termination=s.termination,
-                    segments=tuple(_segment(seg) for seg in s.segments),
-                )
-                for s in g.samples
-            ),
+            samples=tuple(_sample(s) for s in g.samples),
         )
         for g in wire.groups
     )
     return ClaimedBatch(
         batch_id=wire.batch_id, groups=groups, zero_variance_groups=wire.zero_variance_groups
     )
+
+
+def _parse_binv1(body: bytes) -> ClaimedBatch:
+    frames = _Frames(memoryview(body))
+    batch, _ = frames.next(_BatchFrameWire)
+    _check_batch(batch)
+    groups = []
+    for head in batch.groups:
+        samples = []
+        for _ in range(head.sample_count):
+            sample, payload = frames.next(_SampleFrameWire)
+            samples.append(_sample(sample, payload))
+        groups.append(ClaimedGroup(head.group_id, head.task_id, tuple(samples)))
+    if not frames.done:
+        raise InvalidRequest("unusable binv1 claim: bytes after its last frame")
+    return ClaimedBatch(
+        batch_id=batch.batch_id,
+        groups=tuple(groups),
+        zero_variance_groups=batch.zero_variance_groups,
+    )
+
+
+class _Frames:
+    """Reads the frames of a binv1 body in order (layout: ``recorder.binwire``)."""
+
+    def __init__(self, body: memoryview) -> None:
+        self._body = body
+        self._at = len(BINV1_MAGIC)
+
+    @property
+    def done(self) -> bool:
+        return self._at == len(self._body)
+
+    def next(self, model: type[_W]) -> tuple[_W, memoryview]:
+        body, at = self._body, self._at
+        if at + 4 > len(body):
+            raise InvalidRequest("unusable binv1 claim: the body ends before its last frame")
+        (size,) = struct.unpack_from("<I", body, at)
+        header = body[at + 4 : at + 4 + size]
+        try:
+            wire = model.model_validate_json(header.tobytes())
+        except ValidationError as exc:
+            raise InvalidRequest(f"unusable binv1 frame: {exc.errors()[0]['msg']}") from exc
+        start = at + 4 + size
+        if start + wire.nbytes > len(body):
+            raise InvalidRequest("unusable binv1 claim: the body ends inside a frame")
+        self._at = start + wire.nbytes
+        return wire, body[start : self._at]
 
 
 # --- the transport ---------------------------------------------------------------------
@@ -271,7 +377,7 @@ class ExportClient(_Http):
         self.run_id = run_id
 
     def claim(
-        self, groups: int, max_staleness: int | None, lease_s: float, wire_format: str = "b64v1"
+        self, groups: int, max_staleness: int | None, lease_s: float, wire_format: str = "binv1"
     ) -> ClaimedBatch:
         body = {"groups": groups, "max_staleness": max_staleness, "lease_s": lease_s}
         path = f"/api/v1/runs/{self.run_id}/claims?format={wire_format}"

@@ -8,16 +8,20 @@ Errors use the control API's envelope (``{"error": {"message", "type", "param", 
     POST /api/v1/runs/{run_id}/pause | /resume                     -> {run_id, paused}
     GET  /api/v1/runs/{run_id}/trajectories?cursor=&limit=&finished=&excluded=
                                                                    -> {"items", "next_cursor"}
-    POST /api/v1/runs/{run_id}/claims?format=json|b64v1
+    POST /api/v1/runs/{run_id}/claims?format=json|b64v1|binv1
          {"groups", "max_staleness", "lease_s"}                    -> batch (SCHEMA_VERSION)
     POST /api/v1/batches/{batch_id}/ack                            -> {batch_id, acked}
     POST /api/v1/runs/{run_id}/alignment  {"step", "weight_version", "metrics", "flagged"}
     GET  /api/v1/runs/{run_id}/alignment                           -> {"reports": [...]}
 
 Claims flush this proxy's turn writer first, so a finished session's turns are in the
-database before its group is delivered. A claim response also carries ``stale_groups``:
-complete groups held back by ``max_staleness`` (they stay in the pool). The latest
-alignment step of each run is exported as ``lego_alignment_<metric>{run}`` gauges.
+database before its group is delivered. Array forms (``recorder.trajectory``): ``json``
+numbers, ``b64v1`` base64 text, ``binv1`` raw bytes in a framed body (``recorder.binwire``)
+that streams sample by sample; a binv1 claim that fails after its first byte ends the
+connection early, which its client detects (the batch's lease then expires as usual).
+A claim response also carries ``stale_groups``: complete groups held back by
+``max_staleness`` (they stay in the pool). The latest alignment step of each run is
+exported as ``lego_alignment_<metric>{run}`` gauges.
 """
 
 from __future__ import annotations
@@ -27,12 +31,12 @@ import base64
 import binascii
 import hmac
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.errors import AuthenticationFailed, InvalidRequest, LegoError, RecorderError
@@ -40,7 +44,8 @@ from proxy.gate import RunGate
 from proxy.metrics import Metrics
 from proxy.routes.control import JSON, ErrorRenderer, _parse, session_json
 from proxy.settings import Settings
-from recorder.export import AlignmentReport, ExportStore
+from recorder import binwire
+from recorder.export import AlignmentReport, ClaimedGroup, ExportStore
 from recorder.records import EXCLUDED_TERMINATIONS, SessionInfo
 from recorder.store import Store
 from recorder.trajectory import FORMATS, build_segments, segment_to_json
@@ -107,6 +112,8 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             except LegoError as exc:
                 status, content = render_error(exc)
                 return Response(content, status_code=status, media_type=JSON)
+            if isinstance(result, Response):
+                return result
             return Response(orjson.dumps(result, option=_OPTIONS), media_type=JSON)
 
         return endpoint
@@ -180,26 +187,24 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         state.metrics.export_lease_expiries.inc(result.reclaimed_groups)
         for group in result.groups:
             state.metrics.export_staleness.observe(group.staleness)
-        groups = []
-        for group in result.groups:
-            samples = [await _sample(state, sid, wire) for sid in group.session_ids]
-            groups.append(
-                {
-                    "group_id": group.group_id,
-                    "task_id": group.task_id,
-                    "staleness": group.staleness,
-                    "samples": samples,
-                }
-            )
-        return {
+        batch: dict[str, object] = {
             "batch_id": result.batch_id,
             "lease_expires_at": result.lease_expires_at,
             "schema_version": SCHEMA_VERSION,
             "format": wire,
             "zero_variance_groups": result.zero_variance_groups,
             "stale_groups": result.stale_groups,
-            "groups": groups,
         }
+        if wire == "binv1":
+            frames = _binv1_claim(state, batch, result.groups)
+            return StreamingResponse(frames, media_type=binwire.MEDIA_TYPE)
+        session_ids = [sid for group in result.groups for sid in group.session_ids]
+        samples = iter([sample async for sample in _samples(state, session_ids, wire)])
+        groups = [
+            {**_group_json(group), "samples": [next(samples) for _ in group.session_ids]}
+            for group in result.groups
+        ]
+        return {**batch, "groups": groups}
 
     async def ack(state: ExportState, request: Request) -> object:
         batch_id = str(request.path_params["batch_id"])
@@ -243,9 +248,46 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
     return router
 
 
+async def _binv1_claim(
+    state: ExportState, batch: Mapping[str, object], groups: Sequence[ClaimedGroup]
+) -> AsyncIterator[bytes | memoryview]:
+    """The claim as binv1 frames: the batch, then each sample as soon as it is read."""
+    heads = [{**_group_json(g), "sample_count": len(g.session_ids)} for g in groups]
+    first, *rest = binwire.encode_frame({**batch, "groups": heads})
+    yield binwire.MAGIC + first
+    for part in rest:
+        yield part
+    session_ids = [sid for group in groups for sid in group.session_ids]
+    async for sample in _samples(state, session_ids, "binv1"):
+        for part in binwire.encode_frame(sample):
+            yield part
+
+
+async def _samples(
+    state: ExportState, session_ids: Sequence[str], wire: str
+) -> AsyncIterator[dict[str, object]]:
+    """The samples in order, each read from the database while the previous one is
+    handled (the database and the socket work at the same time)."""
+    if not session_ids:
+        return
+    ahead = asyncio.create_task(_sample(state, session_ids[0], wire))
+    try:
+        for following in [*session_ids[1:], None]:
+            sample = await ahead
+            if following is not None:
+                ahead = asyncio.create_task(_sample(state, following, wire))
+            yield sample
+    finally:
+        ahead.cancel()  # the client went away mid-claim: nothing will read it
+
+
+def _group_json(group: ClaimedGroup) -> dict[str, object]:
+    return {"group_id": group.group_id, "task_id": group.task_id, "staleness": group.staleness}
+
+
 async def _sample(state: ExportState, session_id: str, wire: str) -> dict[str, object]:
     session: SessionInfo = await state.store.get_session(session_id)
-    turns = await state.store.list_turns(session_id)
+    turns = await state.store.list_turn_arrays(session_id)
     reward = list(session.reward) if isinstance(session.reward, tuple) else session.reward
     return {
         "session_id": session.id,

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from proxy.errors import RecorderError
-from recorder.records import RoutedExperts, SessionSpec, TurnRecord
+from recorder.records import RoutedExperts, SessionSpec, TurnRecord, TurnStatus
 from recorder.store import Store
+from recorder.trajectory import build_segments
 from tests.recorder.builders import make_turn
 
 LAYERS, TOP_K = 4, 2
@@ -31,8 +32,12 @@ async def new_session(store: Store) -> str:
     return (await store.create_session(spec)).id
 
 
-def conversation(session_id: str, turns: int, seed: int = 0) -> list[TurnRecord]:
-    """An agent loop: each turn's prompt is the previous prompt + output + a tool result."""
+def conversation(
+    session_id: str, turns: int, seed: int = 0, experts: int = 128
+) -> list[TurnRecord]:
+    """An agent loop: each turn's prompt is the previous prompt + output + a tool result.
+
+    Routed expert ids are drawn from ``range(experts)``, the largest included."""
     rng = random.Random(seed)
     records: list[TurnRecord] = []
     history: tuple[int, ...] = tuple(rng.randrange(150_000) for _ in range(40))
@@ -43,10 +48,11 @@ def conversation(session_id: str, turns: int, seed: int = 0) -> list[TurnRecord]
         reused = len(parent.prompt_ids) + len(parent.output_ids) if parent else 0
         start = max(0, reused - 1)
         rows = np.asarray(
-            [[[rng.randrange(128) for _ in range(TOP_K)] for _ in range(LAYERS)]]
+            [[[rng.randrange(experts) for _ in range(TOP_K)] for _ in range(LAYERS)]]
             * (len(history) + len(output) - start),
             dtype=np.int32,
         )
+        rows[:, 0, 0] = experts - 1  # the largest id occurs: it decides the stored dtype
         turn = make_turn(
             session_id,
             seq,
@@ -101,6 +107,45 @@ async def test_every_array_round_trips_bit_exact_through_the_parent_chain(store:
         assert have.routed_experts.start == want.routed_experts.start
         assert np.array_equal(have.routed_experts.rows, want.routed_experts.rows)
         assert have.reused_prefix_len == want.reused_prefix_len
+
+
+@pytest.mark.parametrize(
+    ("experts", "stored"), [(128, np.uint8), (4096, np.uint16), (100_000, np.int32)]
+)
+async def test_turn_arrays_are_the_stored_turns_with_routing_in_its_stored_dtype(
+    store: Store, experts: int, stored: type[np.integer]
+) -> None:
+    session_id = await new_session(store)
+    records = conversation(session_id, 6, seed=3, experts=experts)
+    failed = dataclasses.replace(
+        make_turn(session_id, 6, prompt=(5, 6)), status=TurnStatus.FAILED, weight_version="v9"
+    )
+    await store.write_turns([*records, failed])
+
+    arrays = await store.list_turn_arrays(session_id)
+    turns = await store.list_turns(session_id)
+
+    assert [a.id for a in arrays] == [t.id for t in turns] == [*(r.id for r in records), failed.id]
+    assert arrays[-1].status is TurnStatus.FAILED
+    for have, want in zip(arrays[:-1], turns, strict=False):
+        assert (have.seq, have.weight_version) == (want.seq, want.weight_version)
+        assert have.prompt_ids.tolist() == list(want.prompt_ids)
+        assert have.output_ids.tolist() == list(want.output_ids)
+        assert have.logprobs.dtype == np.float32
+        assert have.logprobs.astype(np.float64).tolist() == list(want.logprobs)
+        assert want.routed_experts is not None
+        assert have.routed_rows is not None
+        assert have.routed_rows.dtype == stored  # as stored: never widened on the way out
+        assert have.routed_start == want.routed_experts.start
+        np.testing.assert_array_equal(have.routed_rows, want.routed_experts.rows)
+    # One segment of all six turns, identical whichever way it was read.
+    [fast] = build_segments(arrays)
+    [slow] = build_segments(turns)
+    assert fast.turn_ids == slow.turn_ids == tuple(r.id for r in records)
+    for key in ("tokens", "loss_mask", "logprobs", "routed_experts"):
+        np.testing.assert_array_equal(getattr(fast, key), getattr(slow, key))
+    assert fast.routed_experts is not None
+    assert fast.routed_experts.dtype == stored
 
 
 async def test_weight_version_spans_round_trip(store: Store) -> None:

@@ -287,6 +287,9 @@ async def test_a_turn_naming_side_requests_re_labels_them_in_either_write_order(
         ("fork", "side_request"),
         ("root", None),
     ]
+    # The export's array reader applies it too, so the main conversation's segment leads.
+    arrays = await store.list_turn_arrays(later.id)
+    assert [t.classification for t in arrays] == ["fork", "root"]
 
 
 async def test_rows_spooled_before_side_requests_existed_still_write(store: Store) -> None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from proxy.errors import RecorderError
-from recorder.records import TurnStatus
-from recorder.trajectory import build_segments, segment_to_json
+from recorder.records import RoutedExperts, TurnArrays, TurnRecord, TurnStatus
+from recorder.trajectory import build_segments, decode_array, segment_to_json
 from tests.recorder.builders import experts, make_turn
 
 
@@ -20,6 +22,13 @@ def rows(n: int, base: int, layers: int = 2, top_k: int = 2) -> list[list[list[i
         [[base + j + 100 * (layer * top_k + k) for k in range(top_k)] for layer in range(layers)]
         for j in range(n)
     ]
+
+
+def as_stored(turn: TurnRecord, dtype: npt.DTypeLike) -> TurnArrays:
+    """The turn as the store reads it back: its routing rows in a stored dtype."""
+    arrays = TurnArrays.of(turn)
+    assert arrays.routed_rows is not None
+    return dataclasses.replace(arrays, routed_rows=arrays.routed_rows.astype(dtype))
 
 
 def test_single_turn_segment() -> None:
@@ -35,13 +44,18 @@ def test_single_turn_segment() -> None:
 
     [seg] = build_segments([turn])
 
-    assert seg.tokens == (10, 11, 12, 13, 14)
-    assert seg.loss_mask == (0, 0, 0, 1, 1)
-    assert seg.logprobs == (0.0, 0.0, 0.0, -0.25, -0.5)
+    assert seg.tokens.tolist() == [10, 11, 12, 13, 14]
+    assert seg.loss_mask.tolist() == [0, 0, 0, 1, 1]
+    assert seg.logprobs.tolist() == [0.0, 0.0, 0.0, -0.25, -0.5]
+    assert (seg.tokens.dtype, seg.loss_mask.dtype, seg.logprobs.dtype) == (
+        np.int32,
+        np.uint8,
+        np.float32,
+    )
     assert seg.weight_versions == ("v1",)
     assert seg.turn_ids == (turn.id,)
     assert seg.routed_experts is not None
-    assert seg.routed_experts.dtype == np.int32
+    assert seg.routed_experts.dtype == np.int32  # the dtype its turn's rows came in
     assert seg.routed_experts.shape == (5, 2, 2)
     np.testing.assert_array_equal(seg.routed_experts[:4], np.asarray(rows(4, 1)))
     np.testing.assert_array_equal(seg.routed_experts[4], np.zeros((2, 2)))  # padding row
@@ -70,9 +84,10 @@ def test_multi_turn_extension_aligns_mask_logprobs_and_routing() -> None:
 
     [seg] = build_segments([second, first])  # order comes from seq, not the input
 
-    assert seg.tokens == (1, 2, 3, 4, 5, 6, 7, 8, 9)
-    assert seg.loss_mask == (0, 0, 0, 1, 1, 0, 0, 1, 1)
-    assert seg.logprobs == (0.0, 0.0, 0.0, -0.1, -0.2, 0.0, 0.0, -0.3, -0.4)
+    assert seg.tokens.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert seg.loss_mask.tolist() == [0, 0, 0, 1, 1, 0, 0, 1, 1]
+    want = np.asarray([0.0, 0.0, 0.0, -0.1, -0.2, 0.0, 0.0, -0.3, -0.4], dtype=np.float32)
+    np.testing.assert_array_equal(seg.logprobs, want)  # logprobs are recorded as float32
     assert seg.weight_versions == ("v1", "v2")
     assert seg.turn_ids == (first.id, second.id)
     expected = np.zeros((9, 2, 2), dtype=np.int32)
@@ -101,11 +116,11 @@ def test_non_prefix_prompt_forks_a_second_segment_and_main_continues() -> None:
     main, fork = build_segments([main1, side, main2])
 
     assert main.turn_ids == (main1.id, main2.id)
-    assert main.tokens == (1, 2, 3, 4, 5, 6)
-    assert main.loss_mask == (0, 0, 0, 1, 0, 1)
+    assert main.tokens.tolist() == [1, 2, 3, 4, 5, 6]
+    assert main.loss_mask.tolist() == [0, 0, 0, 1, 0, 1]
     assert fork.turn_ids == (side.id,)
-    assert fork.tokens == (1, 2, 99, 98)
-    assert fork.loss_mask == (0, 0, 0, 1)
+    assert fork.tokens.tolist() == [1, 2, 99, 98]
+    assert fork.loss_mask.tolist() == [0, 0, 0, 1]
     assert fork.weight_versions == ("v9",)
     assert main.routed_experts is None
     assert fork.routed_experts is None
@@ -120,8 +135,8 @@ def test_prefers_the_most_recently_extended_matching_segment() -> None:
 
     assert seg_a.turn_ids == (a.id,)
     assert seg_b.turn_ids == (b.id, c.id)
-    assert seg_b.tokens == (1, 2, 3, 4, 5, 6)
-    assert seg_b.loss_mask == (0, 0, 1, 0, 0, 1)
+    assert seg_b.tokens.tolist() == [1, 2, 3, 4, 5, 6]
+    assert seg_b.loss_mask.tolist() == [0, 0, 1, 0, 0, 1]
 
 
 @pytest.mark.parametrize("status", [TurnStatus.FAILED, TurnStatus.CANCELLED])
@@ -188,3 +203,75 @@ def test_the_segment_a_root_began_comes_first() -> None:
         (title.id,),
         (compacted.id,),
     ]
+
+
+def test_routed_experts_keep_their_stored_dtype_widened_to_the_widest_turn() -> None:
+    first = make_turn("s", 0, prompt=(1, 2), output=(3,), routed=experts(0, rows(3, 1, 1)))
+    # ids up to 501: this turn's rows were stored as uint16.
+    second = make_turn("s", 1, prompt=(1, 2, 3, 4), output=(5,), routed=experts(3, rows(2, 400, 1)))
+    [reference] = build_segments([first, second])  # int32 rows, as the backend sent them
+
+    [narrow] = build_segments([as_stored(first, np.uint8)])
+    [mixed] = build_segments([as_stored(first, np.uint8), as_stored(second, np.uint16)])
+
+    assert narrow.routed_experts is not None
+    assert narrow.routed_experts.dtype == np.uint8
+    assert mixed.routed_experts is not None
+    assert mixed.routed_experts.dtype == np.uint16
+    assert reference.routed_experts is not None
+    np.testing.assert_array_equal(mixed.routed_experts, reference.routed_experts)
+
+
+def test_an_empty_turn_gives_an_empty_aligned_segment() -> None:
+    empty_rows = RoutedExperts(start=0, rows=np.zeros((0, 2, 2), dtype=np.int32))
+    turn = make_turn("s", 0, prompt=(), output=(), logprobs=(), routed=empty_rows)
+
+    [seg] = build_segments([turn])
+
+    assert (len(seg.tokens), len(seg.loss_mask), len(seg.logprobs)) == (0, 0, 0)
+    assert seg.routed_experts is not None
+    assert seg.routed_experts.shape == (0, 2, 2)
+    assert seg.weight_version_spans == ()
+    for wire in ("json", "b64v1", "binv1"):
+        data = segment_to_json(seg, wire)
+        assert data["turn_ids"] == [turn.id]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32])
+def test_every_wire_form_carries_the_same_arrays(dtype: type[np.integer]) -> None:
+    """Several turns in one segment and a fork, routing stored as ``dtype``: json numbers,
+    b64v1 text and binv1 arrays hold the same values, bit for bit."""
+    base = 1000 if dtype is not np.uint8 else 10
+    main1 = make_turn("s", 0, prompt=(1, 2, 3), output=(4, 5), routed=experts(0, rows(4, base)))
+    side = make_turn("s", 1, prompt=(1, 2, 99), output=(98,), routed=experts(0, rows(3, base)))
+    main2 = make_turn(
+        "s",
+        2,
+        prompt=(1, 2, 3, 4, 5, 6),
+        output=(7, 8),
+        logprobs=(-0.1, -1e-7),
+        routed=experts(4, rows(3, base + 7)),
+    )
+    segments = build_segments([as_stored(t, dtype) for t in (main1, side, main2)])
+    assert [seg.turn_ids for seg in segments] == [(main1.id, main2.id), (side.id,)]
+
+    for seg in segments:
+        plain = segment_to_json(seg)
+        compact = segment_to_json(seg, "b64v1")
+        binary = segment_to_json(seg, "binv1")
+        for key in ("tokens", "loss_mask", "logprobs", "routed_experts"):
+            want = np.asarray(plain[key])
+            np.testing.assert_array_equal(decode_array(compact[key]), want, strict=False)
+            assert isinstance(binary[key], np.ndarray)
+            np.testing.assert_array_equal(binary[key], want)
+        routed = binary["routed_experts"]
+        assert isinstance(routed, np.ndarray)
+        assert routed.dtype == dtype  # binv1 carries the stored dtype as it is
+        # b64v1 keeps its contract: the smallest dtype that holds every id.
+        assert decode_array(compact["routed_experts"]).dtype.itemsize == (
+            1 if dtype is np.uint8 else 2
+        )
+        logprobs = binary["logprobs"]
+        assert isinstance(logprobs, np.ndarray)
+        assert logprobs.dtype == np.float32
+        assert plain["logprobs"] == logprobs.astype(np.float64).tolist()

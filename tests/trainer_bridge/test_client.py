@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import struct
 from collections.abc import Iterator
 
 import numpy as np
@@ -13,7 +14,8 @@ from fastapi.responses import JSONResponse
 
 from proxy.errors import BackendError, Conflict, InvalidRequest, NotFound, Unsupported
 from proxy.threaded import serve
-from trainer_bridge.client import BackendClient, ExportClient, parse_claim
+from recorder import binwire
+from trainer_bridge.client import BINV1_MAGIC, BackendClient, ExportClient, parse_claim
 from trainer_bridge.samples import samples_from_batch
 
 
@@ -44,15 +46,50 @@ SEGMENT_B64 = {
 }
 
 
+SEGMENT_BIN = {
+    "format": "binv1",
+    "tokens": np.array([5, 6, 7, 8], dtype="<i4"),
+    "loss_mask": np.array([0, 0, 1, 1], dtype="|u1"),
+    "logprobs": np.array([0.0, 0.0, -0.5, -1.25], dtype="<f4"),
+    "routed_experts": np.array([[[0, 1]], [[2, 3]], [[4, 5]], [[0, 0]]], dtype="|u1"),
+    "weight_versions": ["v1"],
+    "turn_ids": ["t1"],
+}
+
+
+def _sample(segments: list[dict[str, object]], reward: object) -> dict[str, object]:
+    return {"session_id": "s1", "sample_index": 0, "reward": reward, "segments": segments}
+
+
 def _claim(segment: dict[str, object], reward: object = 1.0) -> bytes:
-    sample = {"session_id": "s1", "sample_index": 0, "reward": reward, "segments": [segment]}
-    group = {"group_id": "g", "task_id": "t", "samples": [sample], "staleness": 0}
+    group = {"group_id": "g", "task_id": "t", "samples": [_sample([segment], reward)]}
     return orjson.dumps({"batch_id": "b1", "schema_version": 1, "groups": [group]})
 
 
-@pytest.mark.parametrize("segment", [SEGMENT_JSON, SEGMENT_B64], ids=["json", "b64v1"])
-def test_both_wire_forms_give_the_same_sample(segment: dict[str, object]) -> None:
-    (sample,) = samples_from_batch(parse_claim(_claim(segment)))
+def _frame(header: dict[str, object]) -> bytes:
+    return b"".join(binwire.encode_frame(header))
+
+
+def _binv1_head(samples: int) -> bytes:
+    group = {"group_id": "g", "task_id": "t", "staleness": 0, "sample_count": samples}
+    return binwire.MAGIC + _frame({"batch_id": "b1", "schema_version": 1, "groups": [group]})
+
+
+def _binv1_claim(*samples: dict[str, object]) -> bytes:
+    """A binv1 body as the export route lays it out (``recorder.binwire``)."""
+    return _binv1_head(len(samples)) + b"".join(_frame(sample) for sample in samples)
+
+
+BODIES = {
+    "json": _claim(SEGMENT_JSON),
+    "b64v1": _claim(SEGMENT_B64),
+    "binv1": _binv1_claim(_sample([SEGMENT_BIN], 1.0)),
+}
+
+
+@pytest.mark.parametrize("body", BODIES.values(), ids=BODIES.keys())
+def test_every_wire_form_gives_the_same_sample(body: bytes) -> None:
+    (sample,) = samples_from_batch(parse_claim(body))
     assert sample.tokens.tolist() == [5, 6, 7, 8]
     assert sample.loss_mask.tolist() == [False, False, True, True]
     assert sample.rollout_logprobs.tolist() == [0.0, 0.0, -0.5, -1.25]
@@ -69,6 +106,63 @@ def test_unusable_claims_raise() -> None:
     empty = parse_claim(orjson.dumps({"batch_id": None, "schema_version": 1, "groups": []}))
     assert empty.batch_id is None
     assert empty.groups == ()
+
+
+def test_binv1_reads_every_sample_and_segment_in_order() -> None:
+    empty = {
+        **SEGMENT_BIN,
+        "tokens": np.zeros(0, dtype="<i4"),
+        "loss_mask": np.zeros(0, dtype="|u1"),
+        "logprobs": np.zeros(0, dtype="<f4"),
+        "routed_experts": np.zeros((0, 1, 2), dtype="<u2"),
+    }
+    wide = {**SEGMENT_BIN, "routed_experts": np.array([[[300, 1]]] * 4, dtype="<u2")}
+    body = _binv1_claim(_sample([SEGMENT_BIN, wide], 1.0), _sample([], 0.0), _sample([empty], 0.5))
+    assert body.startswith(BINV1_MAGIC)
+
+    batch = parse_claim(body)
+
+    (group,) = batch.groups
+    assert [s.reward for s in group.samples] == [1.0, 0.0, 0.5]
+    first, wide_seg = group.samples[0].segments
+    assert first.tokens.tolist() == [5, 6, 7, 8]
+    assert first.loss_mask.tolist() == [False, False, True, True]
+    assert first.logprobs.tolist() == [0.0, 0.0, -0.5, -1.25]
+    assert wide_seg.routed_experts is not None
+    assert wide_seg.routed_experts.tolist() == [[[300, 1]]] * 4
+    assert group.samples[1].segments == ()
+    (nothing,) = group.samples[2].segments
+    assert nothing.tokens.shape == (0,)
+    assert nothing.routed_experts is not None
+    assert nothing.routed_experts.shape == (0, 1, 2)
+
+
+def _broken_array(**changes: object) -> bytes:
+    """A binv1 body whose one segment's tokens array is described by ``changes``."""
+    frame = _frame(_sample([SEGMENT_BIN], 1.0))
+    (size,) = struct.unpack_from("<I", frame)
+    header = orjson.loads(frame[4 : 4 + size])
+    header["segments"][0]["tokens"].update(changes)
+    text = orjson.dumps(header)
+    return _binv1_head(1) + struct.pack("<I", len(text)) + text + frame[4 + size :]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        BODIES["binv1"][:-8],  # the server failed mid-stream
+        BODIES["binv1"][: len(binwire.MAGIC) + 2],
+        BODIES["binv1"] + BODIES["binv1"][len(binwire.MAGIC) :],  # frames after the last
+        _broken_array(offset=10_000),  # outside its payload
+        _broken_array(dtype="|O"),
+        _broken_array(shape=[-1]),
+        _claim({**SEGMENT_JSON, "tokens": {"dtype": "<i4", "shape": [4], "offset": 0}}),
+    ],
+    ids=["truncated", "cut-in-header", "trailing", "offset", "object", "negative", "no-frame"],
+)
+def test_unusable_binv1_claims_raise(body: bytes) -> None:
+    with pytest.raises(InvalidRequest):
+        parse_claim(body)
 
 
 @pytest.fixture(scope="module")
