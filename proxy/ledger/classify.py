@@ -127,7 +127,7 @@ def settle(tree: SessionTree, plan: PromptPlan, request: ChatRequest) -> PromptP
     if roots is not None:
         return replace(plan, side_requests=roots)
     plan = replace(plan, side_requests=())  # named when planned; another root came since
-    agent_seen = any(turn.context[1] != _NO_TOOLS for turn in tree)
+    agent_seen = any(tools != _NO_TOOLS for _, tools in tree.longest)  # per context, not turn
     if agent_seen and fork_reason(tree, request, fingerprints) is ForkReason.SIDE_REQUEST:
         return replace(
             plan, classification=Classification.FORK, fork_reason=ForkReason.SIDE_REQUEST
