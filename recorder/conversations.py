@@ -58,6 +58,17 @@ class StoredRequest:
             record.response_message,
         )
 
+    @classmethod
+    def of_row(cls, row: Any) -> StoredRequest:
+        """From a selected ``turns`` row holding those columns."""
+        return cls(
+            row.id,
+            row.parent_turn_id,
+            row.messages_inherited,
+            bytes(row.request_messages),
+            bytes(row.response_message),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Conversation:

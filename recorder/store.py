@@ -308,16 +308,7 @@ class Store:
         if completed_only:
             completed = {row.id for row in rows if row.status == TurnStatus.COMPLETED.value}
             wanted = [turn_id for turn_id in wanted if turn_id in completed]
-        stored = [
-            StoredRequest(
-                row.id,
-                row.parent_turn_id,
-                row.messages_inherited,
-                bytes(row.request_messages),
-                bytes(row.response_message),
-            )
-            for row in rows
-        ]
+        stored = [StoredRequest.of_row(row) for row in rows]
         return rebuild(session_id, stored, wanted)
 
     async def count_completed_turns(self, session_id: str) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from recorder.migrate import upgrade_database
+from recorder.store import Store
 from tests.support.engine_server import tiny_model_dir as tiny_model_dir
 from tests.support.postgres import PostgresServer, PostgresUnavailable, running_postgres
 
@@ -63,3 +64,11 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
     await upgrade_database(url)
     yield url
     await server.drop_database(url)
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    """A ``Store`` open on ``database_url``, closed afterwards."""
+    store = await Store.open(database_url)
+    yield store
+    await store.close()

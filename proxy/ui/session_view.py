@@ -141,19 +141,7 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
     for row in rows:
         parent = row.parent_turn_id if row.parent_turn_id in by_id else None
         children.setdefault(parent, []).append(row)
-    conversations = rebuild(
-        session_id,
-        (
-            StoredRequest(
-                row.id,
-                row.parent_turn_id,
-                row.messages_inherited,
-                bytes(row.request_messages),
-                bytes(row.response_message),
-            )
-            for row in rows
-        ),
-    )
+    conversations = rebuild(session_id, (StoredRequest.of_row(row) for row in rows))
 
     views: list[TurnView] = []
     stack = [(row, 0) for row in reversed(children.get(None, []))]

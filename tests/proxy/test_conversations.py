@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
 
 import orjson
-import pytest
 from sqlalchemy import func, select
 
 from proxy.canonical import ChatRequest, Message, SamplingRequest, ToolCall, ToolSpec
@@ -83,13 +81,6 @@ class Harness:
         self.records.append(record)
         self.requests[record.id] = req
         return record
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    store = await Store.open(database_url)
-    yield store
-    await store.close()
 
 
 async def new_session(store: Store) -> str:

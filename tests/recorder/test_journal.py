@@ -11,7 +11,6 @@ from recorder.store import Store, StoredTurn, encode_turn
 from recorder.writer import TurnWriter
 from tests.recorder.builders import make_turn, rich_turn
 from tests.recorder.test_store import new_session
-from tests.recorder.test_store import store as store
 
 
 def rows(n: int) -> list[StoredTurn]:

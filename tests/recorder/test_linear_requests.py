@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -116,13 +115,6 @@ def test_an_empty_request_from_an_old_record_rebuilds_as_empty() -> None:
     (got,) = rebuild("s", [row("old", b"")]).values()
     assert got.messages == ()
     assert loads(got.request_json()) == {"messages": []}
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    store = await Store.open(database_url)
-    yield store
-    await store.close()
 
 
 def turn(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import random
 import uuid
-from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -17,13 +16,6 @@ from recorder.trajectory import build_segments
 from tests.recorder.builders import make_turn
 
 LAYERS, TOP_K = 4, 2
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    store = await Store.open(database_url)
-    yield store
-    await store.close()
 
 
 async def new_session(store: Store) -> str:

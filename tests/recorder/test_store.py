@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,13 +16,6 @@ from recorder.records import SessionInfo, SessionSpec, SessionStatus, TurnRecord
 from recorder.schema import turns
 from recorder.store import Store, StoredTurn, encode_turn
 from tests.recorder.builders import experts, make_turn, rich_turn
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    store = await Store.open(database_url)
-    yield store
-    await store.close()
 
 
 async def new_session(store: Store) -> SessionInfo:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,13 +17,6 @@ from recorder.store import Store
 from recorder.writer import TurnWriter
 from tests.recorder.builders import make_turn
 from tests.support.postgres import PostgresServer
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    store = await Store.open(database_url)
-    yield store
-    await store.close()
 
 
 async def new_session(store: Store) -> SessionInfo:
