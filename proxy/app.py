@@ -141,9 +141,13 @@ def create_app(settings: Settings) -> FastAPI:
                 retry_after_s=settings.pause_retry_after_s,
             )
             sessions = SessionCache(store)
-            ledger = LedgerBook(tokenizer, keep_reasoning=settings.keep_reasoning)
+            ledger = LedgerBook(
+                tokenizer,
+                keep_reasoning=settings.keep_reasoning,
+                max_sessions=settings.max_sessions_held,
+            )
             ledger.self_check()  # refuse a template the ledger cannot render incrementally
-            conversations = ConversationBook()
+            conversations = ConversationBook(settings.max_sessions_held)
             pipeline = Pipeline(
                 settings=settings,
                 tokenizer=tokenizer,

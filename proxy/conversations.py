@@ -1,6 +1,7 @@
 """What a new turn's request adds to the conversation it continues (linear request storage).
 
-Owns ``ConversationBook``, one per app next to the ledger (no globals). Per session it
+Owns ``ConversationBook``, one per app next to the ledger (no globals), holding at most
+``max_sessions`` sessions like the ledger (``proxy.lru``). Per session it
 holds the conversation of every completed turn, its request then its answer, as a chain:
 a turn keeps the number of leading messages it shares with its parent's conversation and
 only its own messages after them, so memory grows with what the turns add; the whole
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from proxy.canonical import ChatRequest, Message
 from proxy.ledger.codec import RequestDecoder, decode_message, encode_request
+from proxy.lru import DEFAULT_MAX_SESSIONS, SessionLru
 from recorder.conversations import StoredRequest, rebuild
 from recorder.records import TurnRecord, TurnStatus
 
@@ -59,8 +61,8 @@ class _Session:
 
 
 class ConversationBook:
-    def __init__(self) -> None:
-        self._sessions: dict[str, _Session] = {}
+    def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+        self._sessions: SessionLru[_Session] = SessionLru(max_sessions)
 
     def encode(
         self, session_id: str, parent_turn_id: str | None, request: ChatRequest
@@ -83,7 +85,7 @@ class ConversationBook:
         request: ChatRequest,
         answer: Message,
     ) -> None:
-        session = self._sessions.setdefault(session_id, _Session())
+        session = self._sessions.setdefault(session_id, _Session)
         self._add(session, turn_id, parent_turn_id, inherited, request, answer)
 
     def get(self, session_id: str, turn_id: str) -> tuple[ChatRequest, Message] | None:
@@ -109,10 +111,10 @@ class ConversationBook:
                     request,
                     answer,
                 )
-        self._sessions[session_id] = session
+        self._sessions.put(session_id, session)
 
     def forget(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+        self._sessions.pop(session_id)
 
     def _add(
         self,

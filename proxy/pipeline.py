@@ -156,6 +156,11 @@ class Pipeline:
         self._metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
 
+    def forget(self, session_id: str) -> None:
+        """Drop a finished session's ledger and conversations (it takes no more turns)."""
+        self._ledger.forget(session_id)
+        self._conversations.forget(session_id)
+
     # -- before anything is sent ------------------------------------------------
     async def admit(self, session: SessionInfo) -> None:
         """Hold a new turn while its run is paused (a weight sync); 429 past the bound."""

@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from proxy.lru import DEFAULT_MAX_SESSIONS
+
 DEV_ADMIN_KEY = "lego-dev-admin-key"
 
 
@@ -53,6 +55,9 @@ class Settings(BaseSettings):
     # sequence per branch). False mimics templates that drop it at each new user query:
     # the branch then splits per turn; the recorded prompt ids are what the model saw.
     keep_reasoning: bool = True
+    # Sessions whose ledger and conversations stay in memory, least recently used dropped
+    # first; a dropped session is reloaded from the database on its next request.
+    max_sessions_held: int = Field(default=DEFAULT_MAX_SESSIONS, ge=1)
     # While a run is paused (weight sync), a new turn waits this long, then gets 429 with
     # Retry-After so the harness's own retry comes back after the sync.
     pause_max_wait_s: float = 30.0

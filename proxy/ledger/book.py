@@ -1,6 +1,8 @@
 """The history ledger: per session, which tokens a request's prompt must start with.
 
-Owns ``LedgerBook``, one per app (no globals), holding a ``SessionTree`` per session id.
+Owns ``LedgerBook``, one per app (no globals), holding a ``SessionTree`` per session id,
+for at most ``max_sessions`` sessions (least recently used dropped first; a dropped or
+forgotten session is rebuilt from the database by ``load`` when it is used again).
 
 Contract:
 - ``plan(session_id, request) -> PromptPlan``: synchronous, no IO, so atomic under
@@ -52,6 +54,7 @@ from proxy.ledger.fingerprint import (
 from proxy.ledger.incremental import IncrementalRenderer
 from proxy.ledger.plan import Classification, ForkReason, PromptPlan
 from proxy.ledger.tree import Sent, SessionTree, Turn, shared_length
+from proxy.lru import DEFAULT_MAX_SESSIONS, SessionLru
 from proxy.render import Renderer
 from proxy.tokens import TokenIds
 from recorder.records import TurnRecord, TurnStatus
@@ -60,12 +63,18 @@ _CONTINUATIONS = (Classification.EXTEND, Classification.REALIGN)
 
 
 class LedgerBook:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, keep_reasoning: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        keep_reasoning: bool = True,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+    ) -> None:
         self._renderer = Renderer(tokenizer)
         self._incremental = IncrementalRenderer(tokenizer)
         self._fingerprinter = Fingerprinter()
         self._keep_reasoning = keep_reasoning
-        self._sessions: dict[str, SessionTree] = {}
+        self._sessions: SessionLru[SessionTree] = SessionLru(max_sessions)
 
     def self_check(self) -> None:
         self._incremental.self_check()
@@ -83,7 +92,7 @@ class LedgerBook:
         return self._sessions.get(session_id)
 
     def forget(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+        self._sessions.pop(session_id)
 
     # -- planning ---------------------------------------------------------------
     def plan(self, session_id: str, request: ChatRequest) -> PromptPlan:
@@ -202,7 +211,7 @@ class LedgerBook:
         """Add a completed turn; ``plan`` must be what ``plan`` returned for ``request``.
 
         Returns the plan as committed, which is what the turn's record must say."""
-        tree = self._sessions.setdefault(session_id, SessionTree())
+        tree = self._sessions.setdefault(session_id, SessionTree)
         plan = settle(tree, plan, request)
         for earlier in plan.side_requests:
             tree.relabel(earlier, Classification.FORK, ForkReason.SIDE_REQUEST)
@@ -261,7 +270,7 @@ class LedgerBook:
                 reused=reused,
                 new_message_count=new_count,
             )
-        self._sessions[session_id] = tree
+        self._sessions.put(session_id, tree)
 
     def _add(
         self,

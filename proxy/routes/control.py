@@ -181,6 +181,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             request.path_params["session_id"], body.termination.value, reward, details
         )
         state.sessions.finished(session)
+        state.pipeline.forget(session.id)
         state.metrics.sessions_finished.labels(termination=body.termination.value).inc()
         return session_json(session, public_url)
 

@@ -197,3 +197,52 @@ def test_a_restarted_proxy_continues_token_exactly(
     assert extends(tap, 0, 1)
     assert [t["classification"] for t in trajectory["turns"]] == ["root", "extend"]
     assert len(trajectory["segments"]) == 1
+
+
+def test_sessions_beyond_the_memory_bound_reload_and_still_extend(
+    tap: BackendTap, model_dir: Path, tmp_path: Path
+) -> None:
+    """With room for one session in memory, two interleaved sessions each lose their ledger
+    to the other before every turn: it is rebuilt from the database, token-exactly."""
+    settings = Settings(
+        port=free_port(), data_dir=tmp_path, backend_url=tap.url, tokenizer_path=model_dir,
+        admin_key=ADMIN_KEY, max_sessions_held=1,
+    )  # fmt: skip
+    tap.reset()
+    with (
+        serve(create_app(settings), port=settings.port) as url,
+        httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin,
+    ):
+        run = admin.post("/api/v1/runs", json={"name": "bounded"}).json()
+        sessions = [
+            admin.post(
+                f"/api/v1/runs/{run['id']}/sessions", json={"task_id": "t", "group_id": "g"}
+            ).json()
+            for _ in range(2)
+        ]
+        histories: list[list[Any]] = [
+            [{"role": "user", "content": "CALL_TOOL then stop"}] for _ in sessions
+        ]
+        for session, history in zip(sessions, histories, strict=True):
+            reply = chat(f"{url}/s/{session['key']}/v1", history, tools=[SHELL_TOOL])
+            history.append(echo(reply, compact=True))
+            call_id = reply.choices[0].message.tool_calls[0].id
+            history.append({"role": "tool", "tool_call_id": call_id, "content": "ok"})
+        for session, history in zip(sessions, histories, strict=True):
+            chat(f"{url}/s/{session['key']}/v1", history, tools=[SHELL_TOOL])
+        trajectories = [
+            admin.get(f"/api/v1/sessions/{s['id']}/trajectory").json() for s in sessions
+        ]
+        metrics = admin.get("/metrics").text
+    # Engine calls in order: A1, B1, A2, B2.
+    assert extends(tap, 0, 2)
+    assert extends(tap, 1, 3)
+    for trajectory in trajectories:
+        assert [t["classification"] for t in trajectory["turns"]] == ["root", "extend"]
+        assert len(trajectory["segments"]) == 1
+    reloads = [
+        line for line in metrics.splitlines()
+        if line.startswith("lego_ledger_reloads_total") and 'outcome="reloaded"' in line
+    ]  # fmt: skip
+    assert reloads
+    assert float(reloads[0].split()[-1]) >= 2
