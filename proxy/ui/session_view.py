@@ -24,6 +24,7 @@ from proxy.errors import NotFound
 from recorder import codec
 from recorder.conversations import Conversation, StoredRequest, rebuild
 from recorder.schema import sessions, turns
+from recorder.store import SIDE_REQUEST_CLASSIFICATION, SIDE_REQUEST_REASON
 
 MAX_TOKENS = 2000  # per turn; the rest is summarized, so a long answer stays readable
 TokenDecoder = Callable[[int], str]
@@ -126,6 +127,7 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
             turns.c.request_messages,
             turns.c.messages_inherited,
             turns.c.response_message,
+            turns.c.side_requests,
         )
         .where(turns.c.session_id == session_id)
         .order_by(turns.c.seq)
@@ -142,12 +144,14 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
         parent = row.parent_turn_id if row.parent_turn_id in by_id else None
         children.setdefault(parent, []).append(row)
     conversations = rebuild(session_id, (StoredRequest.of_row(row) for row in rows))
+    # Roots a later turn showed to be side requests, even if that turn's row came first.
+    relabelled = {turn_id for row in rows for turn_id in row.side_requests or ()}
 
     views: list[TurnView] = []
     stack = [(row, 0) for row in reversed(children.get(None, []))]
     while stack:
         row, depth = stack.pop()
-        views.append(_turn_view(row, depth, conversations, decode))
+        views.append(_turn_view(row, depth, conversations, decode, row.id in relabelled))
         stack.extend((child, depth + 1) for child in reversed(children.get(row.id, [])))
     return SessionView(
         id=str(session.id),
@@ -164,7 +168,11 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
 
 
 def _turn_view(
-    row: Any, depth: int, conversations: Mapping[str, Conversation], decode: TokenDecoder
+    row: Any,
+    depth: int,
+    conversations: Mapping[str, Conversation],
+    decode: TokenDecoder,
+    relabelled: bool,
 ) -> TurnView:
     parent = conversations.get(row.parent_turn_id) if row.parent_turn_id else None
     # A continuation repeats its parent's messages and reply; show only what it added.
@@ -173,13 +181,16 @@ def _turn_view(
     output_ids = codec.decode_ids(row.output_ids)
     logprobs = codec.decode_logprobs(row.logprobs)
     shown = zip(output_ids[:MAX_TOKENS], logprobs[:MAX_TOKENS], strict=False)
+    classification, fork_reason = str(row.classification), row.fork_reason
+    if relabelled and classification == "root":  # as Store.list_turns reads it
+        classification, fork_reason = SIDE_REQUEST_CLASSIFICATION, SIDE_REQUEST_REASON
     return TurnView(
         id=str(row.id),
         seq=int(row.seq),
         depth=depth,
         parent_turn_id=row.parent_turn_id,
-        classification=str(row.classification),
-        fork_reason=row.fork_reason,
+        classification=classification,
+        fork_reason=fork_reason,
         status=str(row.status),
         finish_reason=str(row.finish_reason),
         weight_version=str(row.weight_version),

@@ -294,3 +294,24 @@ async def test_session_view_rebuilds_requests_stored_linearly(database_url: str)
     # A fork repeats fewer messages than its parent's conversation holds: nothing is new past it.
     assert shown[fork.id] == []
     assert view.turns[3].depth == 2
+
+
+async def test_session_view_shows_a_re_labelled_side_request_whatever_the_write_order(
+    database_url: str,
+):
+    """The main conversation's root names the title turn; its row reached the database
+    first (a replay out of order), so the title's own column still says root."""
+    store = await Store.open(database_url)
+    try:
+        session = await new_session(store)
+        h = Harness(session)
+        title = h.turn(request(Message(role="system", content="Title this."), USER), answer(0))
+        main = h.turn(request(SYSTEM, USER), answer(1))
+        main = dataclasses.replace(main, side_requests=(title.id,))
+        await store.write_turns([main])
+        await store.write_turns([title])
+        view = await load_session(store.engine, session, str)
+    finally:
+        await store.close()
+    labels = {t.id: (t.classification, t.fork_reason) for t in view.turns}
+    assert labels == {title.id: ("fork", "side_request"), main.id: ("root", None)}
