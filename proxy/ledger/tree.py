@@ -44,7 +44,7 @@ from proxy.ledger.fingerprint import (
 from proxy.ledger.plan import Classification, ForkReason
 from proxy.tokens import TokenIds
 
-_TOKEN_CACHE_SIZE = 8
+_TOKEN_CACHE_SIZE = 4
 _RECENT_SIZE = 4
 
 
