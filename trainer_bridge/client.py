@@ -10,6 +10,12 @@ Owns the wire side of training, nothing else:
   ``post_alignment`` metrics. Claimed JSON is validated with pydantic here and handed on as
   frozen dataclasses (``ClaimedBatch`` -> ``ClaimedGroup`` -> ``ClaimedSample`` ->
   ``ClaimedSegment``), so nothing past this module sees a dict.
+- The per-token arrays keep the compact dtypes the recorder stores and sends: ``Tokens``
+  int32, ``LossMask`` uint8 (0 or 1), ``Logprobs`` float32, ``ExpertIds`` uint8, uint16 or
+  int32 (the smallest dtype that held the session's expert ids). A ``binv1`` array in its
+  dtype is a read-only ``numpy.frombuffer`` view of the response body, not a copy; the
+  other forms decode into the same dtypes. Widening for torch happens once, where samples
+  are packed (``trainer_bridge.packing``).
 - ``BackendClient``: SGLang's ``POST /update_weights_from_disk`` (the local engine and a
   real SGLang server alike).
 
@@ -59,12 +65,18 @@ _BY_STATUS: dict[int, type[LegoError]] = {
 # --- what a claim delivers (frozen, numpy arrays for the per-token data) ---------------
 
 
+Tokens = npt.NDArray[np.int32]
+LossMask = npt.NDArray[np.uint8]
+Logprobs = npt.NDArray[np.float32]
+ExpertIds = npt.NDArray[np.uint8] | npt.NDArray[np.uint16] | npt.NDArray[np.int32]
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class ClaimedSegment:
-    tokens: npt.NDArray[np.int64]
-    loss_mask: npt.NDArray[np.bool_]
-    logprobs: npt.NDArray[np.float64]
-    routed_experts: npt.NDArray[np.int32] | None  # [len(tokens), layers, top_k]; last row pad
+    tokens: Tokens
+    loss_mask: LossMask
+    logprobs: Logprobs
+    routed_experts: ExpertIds | None  # [len(tokens), layers, top_k]; last row pad
     weight_versions: tuple[str, ...]
     turn_ids: tuple[str, ...]
 
@@ -174,12 +186,19 @@ BINV1_MAGIC = b"LEGOBIN1"  # recorder.binwire.MAGIC: a binv1 body starts with it
 _ARRAY_KINDS = frozenset("biuf")
 
 
-def _array(
-    value: list[Any] | _Array, dtype: type[np.generic], payload: memoryview | None
-) -> npt.NDArray[Any]:
-    if isinstance(value, list):
-        return np.asarray(value, dtype=dtype)
+# The dtypes a segment's arrays are handed on in (see the module doc); expert ids keep
+# whichever of theirs is listed, and become int32 when they came in another.
+_TOKENS = np.dtype(np.int32)
+_LOSS_MASK = np.dtype(np.uint8)
+_LOGPROBS = np.dtype(np.float32)
+_EXPERT_IDS = frozenset({np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.int32)})
+
+
+def _decode(value: list[Any] | _Array, payload: memoryview | None) -> npt.NDArray[Any]:
+    """One array in the dtype it came in: a ``binv1`` one is a view of the body's bytes."""
     try:
+        if isinstance(value, list):
+            return np.asarray(value)
         wire_dtype = np.dtype(value.dtype)
         if wire_dtype.kind not in _ARRAY_KINDS or any(n < 0 for n in value.shape):
             raise ValueError("not a numeric dtype, or a negative dimension")
@@ -190,24 +209,42 @@ def _array(
         else:
             count = math.prod(value.shape)
             raw = np.frombuffer(payload, dtype=wire_dtype, count=count, offset=value.offset)
-        return raw.reshape(value.shape).astype(dtype)
+        return raw.reshape(value.shape)
     except (ValueError, TypeError) as exc:
-        raise InvalidRequest(f"undecodable array ({value.dtype}, {value.shape}): {exc}") from exc
+        what = "a ragged list" if isinstance(value, list) else f"{value.dtype}, {value.shape}"
+        raise InvalidRequest(f"undecodable array ({what}): {exc}") from exc
+
+
+def _as(array: npt.NDArray[Any], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """``array`` itself when it is ``dtype`` already, else a converted copy; integers that
+    would not fit are refused rather than wrapped."""
+    if array.dtype == dtype:
+        return array
+    if dtype.kind in "iu" and array.size and not np.can_cast(array.dtype, dtype):
+        info = np.iinfo(dtype)
+        if array.dtype.kind not in "iu" or array.min() < info.min or array.max() > info.max:
+            raise InvalidRequest(f"{array.dtype} values that are not all {dtype}")
+    return array.astype(dtype)
+
+
+def _expert_ids(array: npt.NDArray[Any]) -> ExpertIds:
+    native = array.dtype.newbyteorder("=")
+    return _as(array, native if native in _EXPERT_IDS else np.dtype(np.int32))
 
 
 def _segment(wire: _SegmentWire, payload: memoryview | None) -> ClaimedSegment:
-    tokens = _array(wire.tokens, np.int64, payload)
-    loss_mask = _array(wire.loss_mask, np.bool_, payload)
-    logprobs = _array(wire.logprobs, np.float64, payload)
+    tokens: Tokens = _as(_decode(wire.tokens, payload), _TOKENS)
+    loss_mask: LossMask = _as(_decode(wire.loss_mask, payload), _LOSS_MASK)
+    logprobs: Logprobs = _as(_decode(wire.logprobs, payload), _LOGPROBS)
     n = tokens.shape[0]
     if tokens.ndim != 1 or loss_mask.shape != (n,) or logprobs.shape != (n,):
         raise InvalidRequest(
             f"segment arrays are not aligned: tokens {tokens.shape}, mask {loss_mask.shape}, "
             f"logprobs {logprobs.shape}"
         )
-    routed = None
+    routed: ExpertIds | None = None
     if wire.routed_experts is not None:
-        routed = _array(wire.routed_experts, np.int32, payload)
+        routed = _expert_ids(_decode(wire.routed_experts, payload))
         if routed.ndim != 3 or routed.shape[0] != n:
             raise InvalidRequest(f"routed_experts of shape {routed.shape} for {n} tokens")
     return ClaimedSegment(

@@ -12,6 +12,13 @@ was sampled and ``rollout_logprobs[p]`` is its rollout logprob. The last positio
 sequence predicts nothing (mask False). ``routed_experts[p]`` is the recorded routing of the
 input token at ``p``, so it lines up with the router's rows without any shift.
 
+Dtypes: samples arrive in the claim's compact dtypes (int32 tokens, uint8 loss mask,
+float32 logprobs, uint8/uint16/int32 expert ids; ``trainer_bridge.samples``); a
+``MicroBatch`` holds what torch and the loss need (long ids and expert ids, bool mask,
+float64 logprobs). The widening happens here, once, as the sequences are copied into the
+packed row; every conversion is exact, so the trainer's numbers do not depend on the wire
+dtypes.
+
 Packing is greedy in order: a micro-batch takes sequences while its total stays within
 ``max_tokens``; a longer sequence gets a micro-batch of its own. Padded batches are not
 offered: packing wastes no compute, and the trainer never needs a rectangular batch.
@@ -50,24 +57,40 @@ def _build(samples: Sequence[Sample], ids: Sequence[int]) -> MicroBatch:
     routed = [s.routed_experts for s in chosen]
     if any(r is None for r in routed) and not all(r is None for r in routed):
         raise InvalidRequest("a micro-batch mixes samples with and without routed experts")
-    tokens = np.concatenate([s.tokens for s in chosen])
-    positions = np.concatenate([np.arange(len(s)) for s in chosen])
-    # Shift each sequence left by one: position p predicts the sequence's token p + 1.
-    targets = np.concatenate([np.append(s.tokens[1:], 0) for s in chosen])
-    mask = np.concatenate([np.append(s.loss_mask[1:], False) for s in chosen])
-    rollout = np.concatenate([np.append(s.rollout_logprobs[1:], 0.0) for s in chosen])
-    owner = np.concatenate([np.full(len(s), k) for k, s in enumerate(chosen)])
+    total = sum(len(s) for s in chosen)
+    # The samples' compact arrays (int32, uint8, float32; see ``samples``) are widened here,
+    # once, each copied straight into its torch dtype; the tensors below share that memory.
+    tokens = np.empty(total, np.int64)
+    positions = np.empty(total, np.int64)
+    owner = np.empty(total, np.int64)
+    # Each sequence is shifted left by one: position p predicts the sequence's token p + 1;
+    # its last position predicts nothing (target 0, mask False, logprob 0.0).
+    targets = np.zeros(total, np.int64)
+    mask = np.zeros(total, np.bool_)
+    rollout = np.zeros(total, np.float64)
+    at = 0
+    for k, s in enumerate(chosen):
+        n = len(s)
+        tokens[at : at + n] = s.tokens
+        positions[at : at + n] = np.arange(n)
+        owner[at : at + n] = k
+        if n:
+            targets[at : at + n - 1] = s.tokens[1:]
+            mask[at : at + n - 1] = s.loss_mask[1:]  # nonzero -> True
+            rollout[at : at + n - 1] = s.rollout_logprobs[1:]
+        at += n
     experts = None
     if routed and routed[0] is not None:
-        experts = torch.from_numpy(np.concatenate([r for r in routed if r is not None])).long()
+        rows = [r for r in routed if r is not None]
+        experts = torch.from_numpy(np.concatenate(rows, dtype=np.int64))
     return MicroBatch(
         sample_ids=tuple(ids),
-        input_ids=torch.from_numpy(tokens).long().unsqueeze(0),
-        position_ids=torch.from_numpy(positions).long().unsqueeze(0),
-        targets=torch.from_numpy(targets).long(),
-        loss_mask=torch.from_numpy(mask).bool(),
-        rollout_logprobs=torch.from_numpy(rollout).double(),
-        seq_index=torch.from_numpy(owner).long(),
+        input_ids=torch.from_numpy(tokens).unsqueeze(0),
+        position_ids=torch.from_numpy(positions).unsqueeze(0),
+        targets=torch.from_numpy(targets),
+        loss_mask=torch.from_numpy(mask),
+        rollout_logprobs=torch.from_numpy(rollout),
+        seq_index=torch.from_numpy(owner),
         routed_experts=experts,
     )
 

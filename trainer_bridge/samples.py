@@ -4,13 +4,18 @@ A ``Sample`` is one training sequence: one exported segment of one session (a se
 whose history forked has several segments, each a root-to-leaf branch). Its arrays are
 aligned one-to-one by position ``p``:
 
-- ``tokens[p]``: the token at position ``p``;
-- ``loss_mask[p]``: True exactly where the policy sampled ``tokens[p]``;
-- ``rollout_logprobs[p]``: the backend's logprob of ``tokens[p]`` (0.0 where not sampled);
-- ``routed_experts[p]``: the expert ids the backend chose when it fed ``tokens[p]``,
-  ``[len, layers, top_k]``. The LAST ROW IS PADDING: the final sampled token is never fed
-  back, so it has no routing (and no logits of the trainer depend on it). ``None`` when the
-  backend returned no routing.
+- ``tokens[p]`` (int32): the token at position ``p``;
+- ``loss_mask[p]`` (uint8): 1 exactly where the policy sampled ``tokens[p]``, else 0;
+- ``rollout_logprobs[p]`` (float32): the backend's logprob of ``tokens[p]`` (0.0 where not
+  sampled);
+- ``routed_experts[p]`` (uint8, uint16 or int32): the expert ids the backend chose when it
+  fed ``tokens[p]``, ``[len, layers, top_k]``. The LAST ROW IS PADDING: the final sampled
+  token is never fed back, so it has no routing (and no logits of the trainer depend on
+  it). ``None`` when the backend returned no routing.
+
+These are the dtypes the recorder stores and the claim delivers (``trainer_bridge.client``);
+a sample holds the claimed arrays themselves (read-only views of a ``binv1`` body), and
+``trainer_bridge.packing`` widens them to torch's dtypes once, as it packs.
 
 ``reward`` is the session's, shared by all its segments; ``group_id`` names the prompt
 group whose sessions are normalised together; ``session_id`` lets advantages count each
@@ -22,17 +27,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from trainer_bridge.client import ClaimedBatch
+from trainer_bridge.client import ClaimedBatch, ExpertIds, Logprobs, LossMask, Tokens
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Sample:
-    tokens: npt.NDArray[np.int64]
-    loss_mask: npt.NDArray[np.bool_]
-    rollout_logprobs: npt.NDArray[np.float64]
-    routed_experts: npt.NDArray[np.int32] | None
+    tokens: Tokens
+    loss_mask: LossMask
+    rollout_logprobs: Logprobs
+    routed_experts: ExpertIds | None
     reward: float
     group_id: str
     session_id: str
@@ -43,7 +47,7 @@ class Sample:
 
     @property
     def num_sampled(self) -> int:
-        return int(self.loss_mask.sum())
+        return int(np.count_nonzero(self.loss_mask))
 
 
 def samples_from_batch(batch: ClaimedBatch) -> list[Sample]:

@@ -12,9 +12,10 @@ from trainer_bridge.samples import Sample
 
 
 def _sample(group: str, session: str, reward: float) -> Sample:
-    tokens = np.array([1, 2, 3], dtype=np.int64)
-    mask = np.array([False, True, True])
-    return Sample(tokens, mask, np.zeros(3), None, reward, group, session, ("v0",))
+    tokens = np.array([1, 2, 3], dtype=np.int32)
+    mask = np.array([0, 1, 1], dtype=np.uint8)
+    logprobs = np.zeros(3, dtype=np.float32)
+    return Sample(tokens, mask, logprobs, None, reward, group, session, ("v0",))
 
 
 def test_binary_rewards_normalise_to_plus_minus_one() -> None:

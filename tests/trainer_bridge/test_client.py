@@ -137,6 +137,62 @@ def test_binv1_reads_every_sample_and_segment_in_order() -> None:
     assert nothing.routed_experts.shape == (0, 1, 2)
 
 
+@pytest.mark.parametrize("body", BODIES.values(), ids=BODIES.keys())
+def test_every_wire_form_decodes_into_the_compact_dtypes(body: bytes) -> None:
+    (segment,) = parse_claim(body).groups[0].samples[0].segments
+    assert segment.tokens.dtype == np.int32
+    assert segment.loss_mask.dtype == np.uint8
+    assert segment.logprobs.dtype == np.float32
+    assert segment.routed_experts is not None
+    # Expert ids keep the dtype they were sent in (uint8 here); JSON numbers become int32.
+    expected = np.int32 if body == BODIES["json"] else np.uint8
+    assert segment.routed_experts.dtype == expected
+
+
+def test_binv1_arrays_are_views_of_the_body_not_copies() -> None:
+    wide = {**SEGMENT_BIN, "routed_experts": np.array([[[300, 1]]] * 4, dtype="<u2")}
+    body = _binv1_claim(_sample([SEGMENT_BIN, wide], 1.0))
+    whole = np.frombuffer(body, dtype=np.uint8)
+
+    batch = parse_claim(body)
+
+    narrow, wider = batch.groups[0].samples[0].segments
+    for segment, expert_dtype in ((narrow, np.uint8), (wider, np.uint16)):
+        assert segment.routed_experts is not None
+        assert segment.routed_experts.dtype == expert_dtype
+        for array in (segment.tokens, segment.loss_mask, segment.logprobs):
+            assert np.shares_memory(array, whole)
+        assert np.shares_memory(segment.routed_experts, whole)
+    # The trainer's samples hold those same arrays.
+    first, second = samples_from_batch(batch)
+    assert first.routed_experts is narrow.routed_experts
+    assert second.routed_experts is wider.routed_experts
+    assert first.tokens is narrow.tokens
+
+
+def test_arrays_in_other_dtypes_are_converted_exactly() -> None:
+    segment = {
+        **SEGMENT_B64,
+        "tokens": _b64(np.array([5, 6, 7, 8], dtype="<i8")),
+        "loss_mask": _b64(np.array([False, False, True, True])),
+        "logprobs": _b64(np.array([0.0, 0.0, -0.5, -1.25], dtype="<f8")),
+        "routed_experts": _b64(np.array([[[0, 1]], [[2, 3]], [[4, 5]], [[0, 300]]], dtype=">u2")),
+    }
+    (sample,) = samples_from_batch(parse_claim(_claim(segment)))
+    assert sample.tokens.dtype == np.int32
+    assert sample.tokens.tolist() == [5, 6, 7, 8]
+    assert sample.loss_mask.dtype == np.uint8
+    assert sample.loss_mask.tolist() == [0, 0, 1, 1]
+    assert sample.rollout_logprobs.dtype == np.float32
+    assert sample.rollout_logprobs.tolist() == [0.0, 0.0, -0.5, -1.25]
+    assert sample.routed_experts is not None
+    assert sample.routed_experts.dtype == np.uint16  # in native byte order
+    assert sample.routed_experts[:, 0].tolist() == [[0, 1], [2, 3], [4, 5], [0, 300]]
+    too_wide = {**SEGMENT_B64, "tokens": _b64(np.array([5, 6, 7, 2**40], dtype="<i8"))}
+    with pytest.raises(InvalidRequest):
+        parse_claim(_claim(too_wide))
+
+
 def _broken_array(**changes: object) -> bytes:
     """A binv1 body whose one segment's tokens array is described by ``changes``."""
     frame = _frame(_sample([SEGMENT_BIN], 1.0))
@@ -156,9 +212,19 @@ def _broken_array(**changes: object) -> bytes:
         _broken_array(offset=10_000),  # outside its payload
         _broken_array(dtype="|O"),
         _broken_array(shape=[-1]),
+        _broken_array(dtype="<i8"),  # its i4 bytes read in pairs: values past int32
         _claim({**SEGMENT_JSON, "tokens": {"dtype": "<i4", "shape": [4], "offset": 0}}),
     ],
-    ids=["truncated", "cut-in-header", "trailing", "offset", "object", "negative", "no-frame"],
+    ids=[
+        "truncated",
+        "cut-in-header",
+        "trailing",
+        "offset",
+        "object",
+        "negative",
+        "past-int32",
+        "no-frame",
+    ],
 )
 def test_unusable_binv1_claims_raise(body: bytes) -> None:
     with pytest.raises(InvalidRequest):
