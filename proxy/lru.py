@@ -8,7 +8,9 @@ session it ever served until the process runs out of memory.
 
 Contract: ``get`` and ``setdefault`` count as a use; ``setdefault`` and ``put`` may drop
 the least recently used other session to stay within ``limit`` (at least 1); ``pop``
-forgets one (a finished session).
+forgets one (a finished session). ``was_dropped`` says whether a session not held now was
+dropped to make room (the last ``limit`` such ids are remembered), so that its next
+request, even one that looks like a first turn, is checked against the database.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class SessionLru(Generic[V]):
             raise ValueError("a session limit must be at least 1")
         self._limit = limit
         self._items: OrderedDict[str, V] = OrderedDict()
+        self._dropped: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -50,11 +53,18 @@ class SessionLru(Generic[V]):
             self.put(session_id, item)
         return item
 
+    def was_dropped(self, session_id: str) -> bool:
+        return session_id in self._dropped
+
     def put(self, session_id: str, item: V) -> None:
         self._items[session_id] = item
         self._items.move_to_end(session_id)
+        self._dropped.pop(session_id, None)
         while len(self._items) > self._limit:
-            self._items.popitem(last=False)
+            dropped, _ = self._items.popitem(last=False)
+            self._dropped[dropped] = None
+            if len(self._dropped) > self._limit:
+                self._dropped.popitem(last=False)
 
     def pop(self, session_id: str) -> None:
         self._items.pop(session_id, None)

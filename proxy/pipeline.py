@@ -171,7 +171,7 @@ class Pipeline:
         """Plan the prompt ids with the ledger; nothing is sent or recorded yet."""
         started = time.perf_counter()
         plan = self._ledger.plan(session.id, request)
-        if _may_be_stale(plan, request):
+        if _may_be_stale(plan, request) or self._ledger.was_dropped(session.id):
             plan = await self._replan_if_stale(session, request, plan)
         prompt = plan.prompt_ids
         spec = session.spec

@@ -82,6 +82,10 @@ class LedgerBook:
     def has(self, session_id: str) -> bool:
         return session_id in self._sessions
 
+    def was_dropped(self, session_id: str) -> bool:
+        """The session was let go to make room (not held now): the database knows more."""
+        return self._sessions.was_dropped(session_id)
+
     def size(self, session_id: str) -> int:
         """Committed turns held for a session (0 when none)."""
         tree = self._sessions.get(session_id)

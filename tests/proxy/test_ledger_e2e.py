@@ -246,3 +246,36 @@ def test_sessions_beyond_the_memory_bound_reload_and_still_extend(
     ]  # fmt: skip
     assert reloads
     assert float(reloads[0].split()[-1]) >= 2
+
+
+def test_a_dropped_session_s_side_request_is_classified_after_a_reload(
+    tap: BackendTap, model_dir: Path, tmp_path: Path
+) -> None:
+    """A request that looks like a first turn (no answer in it) of a session the proxy let
+    go is checked against the database, so it is classified as the session's turn."""
+    settings = Settings(
+        port=free_port(), data_dir=tmp_path, backend_url=tap.url, tokenizer_path=model_dir,
+        admin_key=ADMIN_KEY, max_sessions_held=1,
+    )  # fmt: skip
+    with (
+        serve(create_app(settings), port=settings.port) as url,
+        httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin,
+    ):
+        run = admin.post("/api/v1/runs", json={"name": "dropped"}).json()
+        main, other = (
+            admin.post(
+                f"/api/v1/runs/{run['id']}/sessions", json={"task_id": "t", "group_id": "g"}
+            ).json()
+            for _ in range(2)
+        )
+        task = [{"role": "user", "content": "CALL_TOOL then stop"}]
+        chat(f"{url}/s/{main['key']}/v1", task, tools=[SHELL_TOOL])
+        chat(f"{url}/s/{other['key']}/v1", task, tools=[SHELL_TOOL])  # main is dropped
+        title = [
+            {"role": "system", "content": "Write a title for this conversation."},
+            {"role": "user", "content": "CALL_TOOL then stop"},
+        ]
+        chat(f"{url}/s/{main['key']}/v1", title)
+        trajectory = admin.get(f"/api/v1/sessions/{main['id']}/trajectory").json()
+    kinds = [(t["classification"], t["fork_reason"]) for t in trajectory["turns"]]
+    assert kinds == [("root", None), ("fork", "side_request")]

@@ -31,3 +31,23 @@ def test_setdefault_keeps_what_is_held_and_pop_forgets() -> None:
 def test_a_limit_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         SessionLru(0)
+
+
+def test_dropped_sessions_are_remembered_until_held_again() -> None:
+    held: SessionLru[int] = SessionLru(1)
+    held.put("a", 1)
+    held.put("b", 2)  # a is dropped to make room
+    assert held.was_dropped("a")
+    assert not held.was_dropped("b")
+    held.put("a", 1)  # reloaded: held again, b dropped
+    assert not held.was_dropped("a")
+    assert held.was_dropped("b")
+    held.pop("a")  # forgotten (finished), not dropped
+    assert not held.was_dropped("a")
+
+
+def test_only_the_last_limit_dropped_ids_are_remembered() -> None:
+    held: SessionLru[int] = SessionLru(2)
+    for index in range(6):
+        held.put(str(index), index)
+    assert [held.was_dropped(str(i)) for i in range(6)] == [False, False, True, True, False, False]
