@@ -10,20 +10,25 @@ Owns the dialect policy shared by the store and the migrator:
   off, Postgres always enforces them; both must refuse the same writes).
 
 Both hide statement parameters from error messages: they hold harness conversations.
-Any other driver is refused with ``InvalidRequest``.
+Any other driver is refused with ``InvalidRequest``. ``transaction(engine, action)`` is the
+one place database failures become the project's errors: a clash with an existing row is
+``Conflict``, anything else the database or its connection raises is ``RecorderError``,
+both naming the action.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from proxy.errors import InvalidRequest
+from proxy.errors import Conflict, InvalidRequest, LegoError, RecorderError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 POSTGRES_DRIVER = "postgresql+asyncpg"
@@ -49,6 +54,21 @@ def describe_error(exc: BaseException) -> str:
     cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
     lines = str(cause).strip().splitlines()
     return f"{type(cause).__name__}: {lines[0] if lines else ''}"
+
+
+@asynccontextmanager
+async def transaction(engine: AsyncEngine, action: str) -> AsyncIterator[AsyncConnection]:
+    """A connection in a transaction; database failures raised as the project's errors."""
+    try:
+        async with engine.begin() as conn:
+            yield conn
+    except LegoError:
+        raise
+    except IntegrityError as exc:
+        raise Conflict(f"cannot {action}: {describe_error(exc)}") from exc
+    except (SQLAlchemyError, OSError) as exc:
+        # OSError: asyncpg reports refused/reset connections as plain socket errors.
+        raise RecorderError(f"cannot {action}: database error: {describe_error(exc)}") from exc
 
 
 def is_sqlite(url: URL) -> bool:

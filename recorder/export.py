@@ -29,17 +29,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from proxy.errors import Conflict, LegoError, NotFound, RecorderError
-from recorder.database import create_engine, describe_error, is_sqlite, parse_url
+from proxy.errors import Conflict, NotFound
+from recorder.database import create_engine, is_sqlite, parse_url, transaction
 from recorder.records import EXCLUDED_TERMINATIONS, SessionStatus, TurnStatus
 from recorder.schema import (
     alignment_reports,
@@ -108,7 +106,7 @@ class ExportStore:
 
     # -- weight versions --------------------------------------------------------
     async def announce_version(self, run_id: str, version: str) -> WeightVersion:
-        async with self._transaction(f"announce weight version of run {run_id}") as conn:
+        async with transaction(self._engine, f"announce weight version of run {run_id}") as conn:
             await _require_run(conn, run_id)
             known = await _versions(conn, run_id)
             for entry in known:
@@ -123,18 +121,18 @@ class ExportStore:
         return entry
 
     async def list_versions(self, run_id: str) -> list[WeightVersion]:
-        async with self._transaction(f"list weight versions of run {run_id}") as conn:
+        async with transaction(self._engine, f"list weight versions of run {run_id}") as conn:
             await _require_run(conn, run_id)
             return await _versions(conn, run_id)
 
     # -- pause ------------------------------------------------------------------------
     async def set_paused(self, run_id: str, paused: bool) -> None:
-        async with self._transaction(f"pause run {run_id}") as conn:
+        async with transaction(self._engine, f"pause run {run_id}") as conn:
             await _require_run(conn, run_id)
             await conn.execute(update(runs).where(runs.c.id == run_id).values(paused=paused))
 
     async def paused_runs(self) -> frozenset[str]:
-        async with self._transaction("list paused runs") as conn:
+        async with transaction(self._engine, "list paused runs") as conn:
             result = await conn.execute(select(runs.c.id).where(runs.c.paused.is_(True)))
             return frozenset(str(row[0]) for row in result)
 
@@ -149,7 +147,7 @@ class ExportStore:
         rewards: list[list[object]] = []
         stale = 0
         reclaimed = 0
-        async with self._transaction(f"claim groups of run {run_id}") as conn:
+        async with transaction(self._engine, f"claim groups of run {run_id}") as conn:
             await _require_run(conn, run_id)
             versions = await _versions(conn, run_id)
             index = {v.version: v.index for v in versions}
@@ -270,7 +268,7 @@ class ExportStore:
         )
 
     async def ack(self, batch_id: str) -> None:
-        async with self._transaction(f"ack batch {batch_id}") as conn:
+        async with transaction(self._engine, f"ack batch {batch_id}") as conn:
             batch = (await conn.execute(select(batches).where(batches.c.id == batch_id))).first()
             if batch is None:
                 raise NotFound(f"batch {batch_id!r} not found")
@@ -297,7 +295,7 @@ class ExportStore:
             alignment_reports.c.run_id == report.run_id,
             alignment_reports.c.step == report.step,
         )
-        async with self._transaction(f"record alignment of run {report.run_id}") as conn:
+        async with transaction(self._engine, f"record alignment of run {report.run_id}") as conn:
             await _require_run(conn, report.run_id)
             await conn.execute(delete(alignment_reports).where(*key))
             await conn.execute(
@@ -312,7 +310,7 @@ class ExportStore:
             )
 
     async def list_alignment(self, run_id: str) -> list[AlignmentReport]:
-        async with self._transaction(f"list alignment of run {run_id}") as conn:
+        async with transaction(self._engine, f"list alignment of run {run_id}") as conn:
             await _require_run(conn, run_id)
             rows = await conn.execute(
                 select(alignment_reports)
@@ -330,18 +328,6 @@ class ExportStore:
                 )
                 for row in rows
             ]
-
-    @asynccontextmanager
-    async def _transaction(self, action: str) -> AsyncIterator[AsyncConnection]:
-        try:
-            async with self._engine.begin() as conn:
-                yield conn
-        except LegoError:
-            raise
-        except IntegrityError as exc:
-            raise Conflict(f"cannot {action}: {describe_error(exc)}") from exc
-        except (SQLAlchemyError, OSError) as exc:
-            raise RecorderError(f"cannot {action}: database error: {describe_error(exc)}") from exc
 
 
 async def _require_run(conn: AsyncConnection, run_id: str) -> None:

@@ -34,8 +34,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,13 +43,12 @@ import numpy.typing as npt
 from sqlalchemy import ColumnElement, Insert, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from proxy.errors import Conflict, LegoError, NotFound, RecorderError
+from proxy.errors import Conflict, NotFound, RecorderError
 from recorder import codec
 from recorder.conversations import Conversation, StoredRequest, rebuild
-from recorder.database import create_engine, describe_error, is_sqlite, parse_url
+from recorder.database import create_engine, is_sqlite, parse_url, transaction
 from recorder.records import (
     RunInfo,
     SessionInfo,
@@ -116,7 +114,7 @@ class Store:
     # -- runs -----------------------------------------------------------------
     async def create_run(self, name: str) -> RunInfo:
         run = RunInfo(id=uuid.uuid4().hex, name=name, created_at=time.time())
-        async with self._transaction(f"create run {name!r}") as conn:
+        async with transaction(self._engine, f"create run {name!r}") as conn:
             taken = await conn.scalar(select(runs.c.id).where(runs.c.name == name))
             if taken is not None:
                 raise Conflict(f"run name {name!r} is taken (run {taken})", param="name")
@@ -126,7 +124,7 @@ class Store:
         return run
 
     async def get_run(self, run_id: str) -> RunInfo:
-        async with self._transaction(f"read run {run_id}") as conn:
+        async with transaction(self._engine, f"read run {run_id}") as conn:
             row = (await conn.execute(select(runs).where(runs.c.id == run_id))).first()
         if row is None:
             raise NotFound(f"run {run_id!r} not found")
@@ -141,7 +139,7 @@ class Store:
             status=SessionStatus.ACTIVE,
             created_at=time.time(),
         )
-        async with self._transaction("create session") as conn:
+        async with transaction(self._engine, "create session") as conn:
             if await conn.scalar(select(runs.c.id).where(runs.c.id == spec.run_id)) is None:
                 raise NotFound(f"run {spec.run_id!r} not found", param="run_id")
             await conn.execute(
@@ -163,14 +161,14 @@ class Store:
         return info
 
     async def get_session(self, session_id: str) -> SessionInfo:
-        async with self._transaction(f"read session {session_id}") as conn:
+        async with transaction(self._engine, f"read session {session_id}") as conn:
             info = await self._session_where(conn, sessions.c.id == session_id)
         if info is None:
             raise NotFound(f"session {session_id!r} not found")
         return info
 
     async def get_session_by_key(self, key: str) -> SessionInfo | None:
-        async with self._transaction("read session by key") as conn:
+        async with transaction(self._engine, "read session by key") as conn:
             return await self._session_where(conn, sessions.c.key == key)
 
     async def finish_session(
@@ -182,7 +180,7 @@ class Store:
     ) -> SessionInfo:
         scalar = reward if isinstance(reward, float | int) or reward is None else None
         vector = list(reward) if isinstance(reward, tuple) else None
-        async with self._transaction(f"finish session {session_id}") as conn:
+        async with transaction(self._engine, f"finish session {session_id}") as conn:
             # The status guard makes finishing atomic: of two concurrent calls one wins.
             result = await conn.execute(
                 update(sessions)
@@ -226,7 +224,7 @@ class Store:
             conditions.append(sessions.c.status == wanted.value)
         if group_ids is not None:
             conditions.append(sessions.c.group_id.in_(list(group_ids)))
-        async with self._transaction(f"list sessions of run {run_id}") as conn:
+        async with transaction(self._engine, f"list sessions of run {run_id}") as conn:
             result = await conn.execute(
                 select(sessions, _turn_count())
                 .where(*conditions)
@@ -240,7 +238,7 @@ class Store:
         columns = (turns.c.prompt_ids, turns.c.output_ids, turns.c.logprobs)
         total = sum(func.coalesce(func.sum(func.length(c)), 0) for c in columns)
         experts = func.coalesce(func.sum(func.length(turns.c.routed_experts)), 0)
-        async with self._transaction(f"measure session {session_id}") as conn:
+        async with transaction(self._engine, f"measure session {session_id}") as conn:
             value = await conn.scalar(
                 select(total + experts).where(turns.c.session_id == session_id)
             )
@@ -267,7 +265,7 @@ class Store:
             named = row.setdefault("side_requests", None)  # None: spooled before the column
             if isinstance(named, list) and named:
                 relabels.append((row["session_id"], named))
-        async with self._transaction(f"write {len(rows)} turns") as conn:
+        async with transaction(self._engine, f"write {len(rows)} turns") as conn:
             await conn.execute(self._insert_turns_ignoring_known_ids(), rows)
             for session_id, named in relabels:
                 await conn.execute(
@@ -292,7 +290,7 @@ class Store:
         One query reads the session's request columns, no token arrays; each parent chain
         is resolved once (``recorder.conversations.rebuild``). Unknown ids are left out,
         and so are turns that did not complete when ``completed_only``."""
-        async with self._transaction(f"read requests of session {session_id}") as conn:
+        async with transaction(self._engine, f"read requests of session {session_id}") as conn:
             result = await conn.execute(
                 select(
                     turns.c.id,
@@ -313,7 +311,7 @@ class Store:
 
     async def count_completed_turns(self, session_id: str) -> int:
         """Completed turns of a session: a replica compares it with what its ledger holds."""
-        async with self._transaction(f"count turns of {session_id}") as conn:
+        async with transaction(self._engine, f"count turns of {session_id}") as conn:
             count = await conn.scalar(
                 select(func.count())
                 .select_from(turns)
@@ -323,7 +321,7 @@ class Store:
         return int(count or 0)
 
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
-        async with self._transaction(f"read turns of session {session_id}") as conn:
+        async with transaction(self._engine, f"read turns of session {session_id}") as conn:
             result = await conn.execute(
                 select(turns)
                 .where(turns.c.session_id == session_id)
@@ -333,7 +331,7 @@ class Store:
         return _relabel_side_requests(_rebuild_prompts(session_id, rows))
 
     async def list_turn_arrays(self, session_id: str) -> list[TurnArrays]:
-        async with self._transaction(f"read turn arrays of session {session_id}") as conn:
+        async with transaction(self._engine, f"read turn arrays of session {session_id}") as conn:
             result = await conn.execute(
                 select(*(turns.c[name] for name in _ARRAY_COLUMNS))
                 .where(turns.c.session_id == session_id)
@@ -353,19 +351,6 @@ class Store:
         if self._sqlite:
             return sqlite.insert(turns).on_conflict_do_nothing(index_elements=["id"])
         return postgresql.insert(turns).on_conflict_do_nothing(index_elements=["id"])
-
-    @asynccontextmanager
-    async def _transaction(self, action: str) -> AsyncIterator[AsyncConnection]:
-        try:
-            async with self._engine.begin() as conn:
-                yield conn
-        except LegoError:
-            raise
-        except IntegrityError as exc:
-            raise Conflict(f"cannot {action}: {describe_error(exc)}") from exc
-        except (SQLAlchemyError, OSError) as exc:
-            # OSError: asyncpg reports refused/reset connections as plain socket errors.
-            raise RecorderError(f"cannot {action}: database error: {describe_error(exc)}") from exc
 
 
 def _turn_count() -> Any:
