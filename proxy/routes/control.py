@@ -12,7 +12,6 @@ OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``).
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
@@ -21,7 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationError
 
-from proxy.errors import AuthenticationFailed, InvalidRequest, LegoError
+from proxy.errors import InvalidRequest, LegoError
+from proxy.routes.auth import require_admin
 from proxy.settings import Settings
 from proxy.state import AppState
 from recorder.records import (
@@ -134,14 +134,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         async def endpoint(request: Request) -> Response:
             state: AppState = request.app.state.lego
             try:
-                auth = request.headers.get("authorization", "")
-                scheme, _, token = auth.partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    token.strip().encode(), admin_key
-                ):
-                    raise AuthenticationFailed(
-                        "the control API needs 'Authorization: Bearer <admin key>'"
-                    )
+                require_admin(request.headers.get("authorization", ""), admin_key, "control API")
                 result = await handler(state, request)
             except LegoError as exc:
                 status, content = render_error(exc)

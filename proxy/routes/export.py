@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,9 +38,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy.errors import AuthenticationFailed, InvalidRequest, LegoError, RecorderError
+from proxy.errors import InvalidRequest, LegoError, RecorderError
 from proxy.gate import RunGate
 from proxy.metrics import Metrics
+from proxy.routes.auth import require_admin
 from proxy.routes.control import JSON, ErrorRenderer, _parse, session_json
 from proxy.settings import Settings
 from recorder import binwire
@@ -100,14 +100,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
     ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
-                auth = request.headers.get("authorization", "")
-                scheme, _, token = auth.partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    token.strip().encode(), admin_key
-                ):
-                    raise AuthenticationFailed(
-                        "the export API needs 'Authorization: Bearer <admin key>'"
-                    )
+                require_admin(request.headers.get("authorization", ""), admin_key, "export API")
                 result = await handler(request.app.state.lego_export, request)
             except LegoError as exc:
                 status, content = render_error(exc)

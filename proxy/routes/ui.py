@@ -30,8 +30,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from transformers import PreTrainedTokenizerBase
 
 from engine.tiny import default_model_dir
-from proxy.errors import AuthenticationFailed, InvalidRequest, LegoError, NotFound
+from proxy.errors import InvalidRequest, LegoError, NotFound
 from proxy.render import load_tokenizer
+from proxy.routes.auth import require_admin
 from proxy.settings import Settings
 from proxy.state import AppState
 from proxy.ui.overview import load_overview
@@ -82,11 +83,7 @@ def build_router(settings: Settings) -> APIRouter:
     def authorized(request: Request) -> bool:
         auth = request.headers.get("authorization")
         if auth is not None:
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), admin_key
-            ):
-                raise AuthenticationFailed("the live UI needs 'Authorization: Bearer <admin key>'")
+            require_admin(auth, admin_key, "live UI")
             return True
         cookie = request.cookies.get(COOKIE, "")
         return hmac.compare_digest(cookie.encode(), cookie_value.encode())

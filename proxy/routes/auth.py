@@ -1,0 +1,18 @@
+"""The admin key check shared by the control, export and Live UI routes.
+
+Contract: ``require_admin(authorization, admin_key, api)`` returns when the header is
+``Bearer <admin key>`` (compared in constant time) and raises ``AuthenticationFailed``
+naming ``api`` otherwise.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from proxy.errors import AuthenticationFailed
+
+
+def require_admin(authorization: str, admin_key: bytes, api: str) -> None:
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), admin_key):
+        raise AuthenticationFailed(f"the {api} needs 'Authorization: Bearer <admin key>'")
