@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from contextlib import ExitStack
@@ -35,7 +34,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from bench.processes import percentile, start
+from bench.processes import PROXY, percentile, start, zero_compute_engine
 from engine.tiny import default_model_dir, ensure_tiny_model
 from proxy.threaded import free_port
 from recorder.migrate import upgrade_database
@@ -262,16 +261,7 @@ def run(args: argparse.Namespace) -> None:
         engine = f"http://127.0.0.1:{engine_port}"
         processes.append(
             start(
-                [
-                    sys.executable,
-                    "-m",
-                    "engine",
-                    "--model",
-                    str(model),
-                    "--port",
-                    str(engine_port),
-                    "--zero-compute",
-                ],
+                zero_compute_engine(model, engine_port),
                 env,
                 f"{engine}/health",
                 root / "engine.log",
@@ -292,7 +282,7 @@ def run(args: argparse.Namespace) -> None:
             }
             processes.append(
                 start(
-                    [sys.executable, "-m", "proxy.cli", "serve", "--log-level", "warning"],
+                    PROXY,
                     replica_env,
                     f"{url}/readyz",
                     root / f"proxy-{index}.log",

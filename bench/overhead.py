@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.processes import percentile, start
+from bench.processes import PROXY, percentile, start, zero_compute_engine
 from engine.tiny import default_model_dir, ensure_tiny_model
 from proxy.threaded import free_port
 
@@ -65,16 +64,7 @@ def run(args: argparse.Namespace) -> None:
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     env = {**os.environ, "LEGO_DATA_DIR": str(root)}
     engine = start(
-        [
-            sys.executable,
-            "-m",
-            "engine",
-            "--model",
-            str(model),
-            "--port",
-            str(engine_port),
-            "--zero-compute",
-        ],
+        zero_compute_engine(model, engine_port),
         env,
         f"{engine_url}/health",
         root / "engine.log",
@@ -87,7 +77,7 @@ def run(args: argparse.Namespace) -> None:
         "LEGO_PORT": str(proxy_port),
     }
     proxy = start(
-        [sys.executable, "-m", "proxy.cli", "serve", "--log-level", "warning"],
+        PROXY,
         proxy_env,
         f"{proxy_url}/healthz",
         root / "proxy.log",

@@ -1,12 +1,23 @@
-"""Helpers the benchmarks share: start a server process and wait for it, and percentiles."""
+"""Helpers the benchmarks share: the engine and proxy command lines, start a server process
+and wait for it, and percentiles."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
+
+
+def zero_compute_engine(model: Path, port: int) -> list[str]:
+    """The local engine answering without a forward pass, so the proxy is what is timed."""
+    return [sys.executable, "-m", "engine", "--model", str(model), "--port", str(port),
+            "--zero-compute"]  # fmt: skip
+
+
+PROXY = [sys.executable, "-m", "proxy.cli", "serve", "--log-level", "warning"]
 
 
 def start(cmd: list[str], env: dict[str, str], url: str, log: Path) -> subprocess.Popen[bytes]:
