@@ -10,7 +10,8 @@ Contract:
 - Behaves as ``Sequence[int]``: ``len``, indexing gives ``int``, slicing gives a
   ``TokenIds`` view (no copy), iteration gives ``int``s.
 - ``a + b`` concatenates (either side may be any sequence of ints); ``join`` concatenates
-  many pieces with one copy.
+  many pieces with one copy (``copy=True`` also copies a lone slice, so that it stops
+  sharing, and keeping alive, the array it was cut from).
 - Equal to any tuple, list or ``TokenIds`` holding the same ids; hashable by value.
 - ``array`` is the read-only ``numpy`` array (for orjson's numpy serialisation and the
   recorder's codec); ``numpy.asarray(ids)`` gives it without a copy.
@@ -36,10 +37,11 @@ class TokenIds(Sequence[int]):
         self._array = _frozen(_to_array(ids))
 
     @classmethod
-    def join(cls, *parts: Sequence[int]) -> TokenIds:
-        """The parts one after another, copied once."""
+    def join(cls, *parts: Sequence[int], copy: bool = False) -> TokenIds:
+        """The parts one after another, copied once (a lone ``TokenIds`` part is returned
+        as it is unless ``copy``: a slice shares its whole array's memory)."""
         pieces = [p for p in parts if len(p)]
-        if len(pieces) == 1 and isinstance(pieces[0], TokenIds):
+        if len(pieces) == 1 and isinstance(pieces[0], TokenIds) and not copy:
             return pieces[0]
         arrays = [_to_array(p) for p in pieces]
         return cls._wrap(np.concatenate(arrays) if arrays else np.empty(0, _DTYPE))
@@ -87,10 +89,6 @@ class TokenIds(Sequence[int]):
         if isinstance(other, tuple | list):
             return len(other) == len(self) and self._array.tolist() == list(other)
         return NotImplemented
-
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
 
     def __hash__(self) -> int:
         return hash(self._array.tobytes())

@@ -306,13 +306,13 @@ class LedgerBook:
                 m.role == "assistant" and bool((m.reasoning or "").strip())
                 for m in messages[last_query + 1 :]
             )
+        tokens = TokenIds.join(prompt_ids, output_ids)
         turn = Turn(
             turn_id=turn_id,
             parent_id=parent.turn_id if parent is not None else None,
             base_len=base_len,
-            tail=TokenIds.join(prompt_ids, output_ids)[base_len:]
-            if base_len > len(prompt_ids)
-            else TokenIds.join(prompt_ids[base_len:], output_ids),
+            # A copy of its own: a view would keep the whole prompt alive with every turn.
+            tail=TokenIds.join(tokens[base_len:], copy=True),
             length=len(prompt_ids) + len(output_ids),
             prompt_len=len(prompt_ids),
             classification=classification,
@@ -328,7 +328,7 @@ class LedgerBook:
             conversation_fp=chain(fingerprints.request, answer),
             free_conversation_fp=chain(free_before, answer),
         )
-        tree.add(turn, TokenIds.join(prompt_ids, output_ids), fingerprints)
+        tree.add(turn, tokens, fingerprints)
         parent_sent = tree.recent.get(parent.turn_id) if parent is not None else None
         if (
             fingerprints.offset

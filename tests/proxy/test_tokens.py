@@ -87,3 +87,12 @@ def test_strided_slices_are_contiguous_for_serialisation() -> None:
     ids = TokenIds(range(6))
     assert ids[::2] == (0, 2, 4)
     assert orjson.dumps(ids[::2].array, option=orjson.OPT_SERIALIZE_NUMPY) == b"[0,2,4]"
+
+
+def test_join_can_copy_a_lone_slice_so_it_stops_sharing_its_array() -> None:
+    whole = TokenIds(range(100))
+    tail = whole[90:]
+    assert np.shares_memory(TokenIds.join(tail).array, whole.array)
+    copied = TokenIds.join(tail, copy=True)
+    assert copied == tuple(range(90, 100))
+    assert not np.shares_memory(copied.array, whole.array)
