@@ -36,10 +36,11 @@ import torch
 
 from engine.config import EngineConfig
 from engine.server import create_engine_app
-from engine.tiny import default_model_dir, ensure_tiny_model
+from engine.tiny import ensure_tiny_model
+from kernel.paths import default_model_dir
+from kernel.threaded import free_port, serve
 from proxy.app import create_app
 from proxy.settings import Settings
-from proxy.threaded import free_port, serve
 from trainer_bridge.alignment import AlignmentMetrics, measure_alignment
 from trainer_bridge.client import ExportClient
 from trainer_bridge.packing import pack

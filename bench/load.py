@@ -34,11 +34,12 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from bench.processes import PROXY, percentile, start, zero_compute_engine
-from engine.tiny import default_model_dir, ensure_tiny_model
-from proxy.threaded import free_port
+from engine.tiny import ensure_tiny_model
+from kernel.paths import default_model_dir
+from kernel.process import python_module, start_server
+from kernel.threaded import free_port
 from recorder.migrate import upgrade_database
-from tests.support.postgres import running_postgres
+from recorder.scratch_postgres import running_postgres
 
 ADMIN_KEY = "bench-admin-key"
 SYSTEM = "You are a coding agent. Use the shell tool when useful."
@@ -49,6 +50,11 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     completed: dict[str, int] = field(default_factory=dict)  # session id -> turns received
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def replica_for(key: str, replicas: int) -> int:
@@ -260,8 +266,10 @@ def run(args: argparse.Namespace) -> None:
         engine_port = free_port()
         engine = f"http://127.0.0.1:{engine_port}"
         processes.append(
-            start(
-                zero_compute_engine(model, engine_port),
+            start_server(
+                python_module(
+                    "engine", "--model", str(model), "--port", str(engine_port), "--zero-compute"
+                ),
                 env,
                 f"{engine}/health",
                 root / "engine.log",
@@ -281,8 +289,8 @@ def run(args: argparse.Namespace) -> None:
                 "LEGO_PORT": str(port),
             }
             processes.append(
-                start(
-                    PROXY,
+                start_server(
+                    python_module("cli.main", "serve", "--log-level", "warning"),
                     replica_env,
                     f"{url}/readyz",
                     root / f"proxy-{index}.log",

@@ -23,15 +23,21 @@ from pathlib import Path
 
 import httpx
 
-from bench.processes import PROXY, percentile, start, zero_compute_engine
-from engine.tiny import default_model_dir, ensure_tiny_model
-from proxy.threaded import free_port
+from engine.tiny import ensure_tiny_model
+from kernel.paths import default_model_dir
+from kernel.process import python_module, start_server
+from kernel.threaded import free_port
 
 ADMIN_KEY = "bench-admin-key"
 MESSAGES = [
     {"role": "system", "content": "You are a coding agent. Use the shell tool when useful."},
     {"role": "user", "content": "List the files in the repository and summarise them."},
 ]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 async def measure(
@@ -63,8 +69,10 @@ def run(args: argparse.Namespace) -> None:
     engine_url = f"http://127.0.0.1:{engine_port}"
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     env = {**os.environ, "LEGO_DATA_DIR": str(root)}
-    engine = start(
-        zero_compute_engine(model, engine_port),
+    engine = start_server(
+        python_module(
+            "engine", "--model", str(model), "--port", str(engine_port), "--zero-compute"
+        ),
         env,
         f"{engine_url}/health",
         root / "engine.log",
@@ -76,8 +84,8 @@ def run(args: argparse.Namespace) -> None:
         "LEGO_ADMIN_KEY": ADMIN_KEY,
         "LEGO_PORT": str(proxy_port),
     }
-    proxy = start(
-        PROXY,
+    proxy = start_server(
+        python_module("cli.main", "serve", "--log-level", "warning"),
         proxy_env,
         f"{proxy_url}/healthz",
         root / "proxy.log",

@@ -27,11 +27,12 @@ from typing import Any
 import openai
 
 from engine.config import EngineConfig
-from engine.tiny import MODEL_NAME, ensure_tiny_model
+from engine.loopback import running_engine
+from engine.tiny import ensure_tiny_model
+from kernel.paths import TINY_MODEL_NAME
+from kernel.threaded import free_port, serve
 from proxy.app import create_app
 from proxy.settings import Settings
-from proxy.threaded import free_port, serve
-from tests.support.engine_server import running_engine
 
 ADMIN_KEY = "bench-admin-key"
 CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
@@ -46,7 +47,7 @@ TOOL: Any = {
 
 
 def run(turns: int, result_chars: int, root: Path) -> None:
-    model_dir = ensure_tiny_model(root / "models" / MODEL_NAME)
+    model_dir = ensure_tiny_model(root / "models" / TINY_MODEL_NAME)
     script = root / "policy.json"
     script.write_text(json.dumps({"rules": [], "default": CALL}))
     port = free_port()

@@ -8,11 +8,12 @@ replaces (whole-conversation render + tokenize of the same requests), in the sam
 Targets (issue 3): the ledger's turn at 100k within 2x of its turn at 1k, and at least 20x
 below the baseline.
 
-    python -m bench.turn_cost
+    python -m bench.turn_cost [--repeats 25]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import tempfile
 import time
@@ -67,6 +68,9 @@ def request(messages: list[Message]) -> ChatRequest:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="extends timed per length")
+    repeats = parser.parse_args().repeats
     with tempfile.TemporaryDirectory() as directory:
         build_tokenizer(Path(directory))
         tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(directory)
@@ -94,7 +98,7 @@ def main() -> None:
         answered = history[:-1]  # ends with the last committed turn's answer
         ledger_s: list[float] = []
         baseline_s: list[float] = []
-        for repetition in range(REPEATS):
+        for repetition in range(repeats):
             req = request([*answered, result(turn - 1, salt=repetition + 1)])
             message = answer(turn)
             output = sampled(tokenizer, message)

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.tiny import default_model_dir, ensure_tiny_model
+from engine.tiny import ensure_tiny_model
+from kernel.paths import default_model_dir
 
 
 def _default_data_dir() -> Path:

@@ -29,7 +29,7 @@ import numpy.typing as npt
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

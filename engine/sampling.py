@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from proxy.errors import InvalidRequest, Unsupported
+from kernel.errors import InvalidRequest, Unsupported
 
 if TYPE_CHECKING:
     import torch

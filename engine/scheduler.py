@@ -33,7 +33,7 @@ import torch
 from engine.jobs import Emit, ErrorEvent, FinishEvent, FinishReason, GenerationJob, TokenEvent
 from engine.model_runner import ModelRunner
 from engine.sampling import choose_token
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 
 Decode = Callable[[Sequence[int]], str]
 _IDLE_WAIT_S = 1.0

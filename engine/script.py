@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 
 _ASSISTANT_HEADER = "<|im_start|>assistant\n"
 _END = "<|im_end|>"

@@ -50,7 +50,7 @@ from engine.protocol import (
 )
 from engine.sampling import SamplingContractError, SamplingParams, parse_sampling_params
 from engine.script import ScriptedPolicy, split_open_assistant
-from proxy.errors import BackendError, InvalidRequest, LegoError, Unsupported
+from kernel.errors import BackendError, InvalidRequest, LegoError, Unsupported
 
 ZERO_COMPUTE_REPLY = "OK."
 HEALTH_TIMEOUT_S = 20.0

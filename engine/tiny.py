@@ -2,7 +2,7 @@
 
 Owns the model directory layout and its one-time construction:
 
-- ``default_model_dir(data_dir)`` -> ``data_dir/models/tiny-qwen3-moe-v1``.
+- Where it lives by default is ``kernel.paths.default_model_dir(data_dir)``.
 - ``ensure_tiny_model(path)`` builds the directory if ``path/config.json`` is missing and
   returns ``path``. The build happens in a sibling temporary directory that is renamed into
   place, so concurrent processes never see a half-written model; the loser of a race
@@ -25,17 +25,12 @@ from typing import Any
 
 from engine.tokenizer_build import EOS_TOKEN, PAD_TOKEN, build_tokenizer
 
-__all__ = ["MODEL_NAME", "build_tokenizer", "default_model_dir", "ensure_tiny_model"]
+__all__ = ["build_tokenizer", "ensure_tiny_model"]
 
-MODEL_NAME = "tiny-qwen3-moe-v1"
 WEIGHT_SEED = 20260601
 # Wider than HF's 0.02 default so the random model has peaked next-token distributions:
 # greedy decoding then has clear margins and tests are not at the mercy of float noise.
 INIT_STD = 0.25
-
-
-def default_model_dir(data_dir: Path) -> Path:
-    return data_dir / "models" / MODEL_NAME
 
 
 def _round_up(value: int, multiple: int) -> int:

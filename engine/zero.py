@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.jobs import Emit, FinishEvent, FinishReason, GenerationJob, TokenEvent
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 
 FIXED_LOGPROB = -0.125
 

@@ -23,7 +23,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
-from engine.tiny import default_model_dir
+from kernel.errors import LegoError, NotFound
+from kernel.paths import default_model_dir
 from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter
@@ -31,7 +32,6 @@ from proxy.adapters.signing import ReasoningSigner
 from proxy.backend import ExpertShape, SGLangBackend
 from proxy.conversations import ConversationBook
 from proxy.embedded import EmbeddedEngine
-from proxy.errors import LegoError, NotFound
 from proxy.gate import RunGate
 from proxy.ledger import LedgerBook
 from proxy.metrics import Metrics
@@ -132,7 +132,7 @@ def create_app(settings: Settings) -> FastAPI:
             own_journal = journal.directory if journal is not None else journal_root / "-"
             orphans += Spool.orphans(journal_root, own_journal)
             writer = TurnWriter(
-                store, spool=spool, orphans=orphans, journal=journal, metrics=metrics
+                store, spool=spool, orphans=orphans, journal=journal, metrics=metrics.recorder
             )
             writer.start()
             gate = RunGate(
@@ -213,8 +213,6 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics_endpoint(request: Request) -> Response:
-        state: AppState = request.app.state.lego
-        metrics.recorder_pending.set(state.writer.pending)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.exception_handler(HTTPException)

@@ -2,7 +2,7 @@
 
 Owns: building the ``/generate`` body, reading its SSE stream in either of SGLang's
 streaming modes, decoding routed experts, aborting by ``rid``, mapping transport and
-backend failures onto ``proxy.errors``, and choosing a worker when there are several.
+backend failures onto ``kernel.errors``, and choosing a worker when there are several.
 
 Workers: ``SGLangBackend`` takes one URL (a worker or an sglang-router, which does its own
 routing on the ``X-SMG-Routing-Key`` header) or a list of workers. With a list, a session
@@ -38,7 +38,7 @@ import httpx
 import numpy as np
 import orjson
 
-from proxy.errors import BackendError, BackendUnavailable, ContextLengthExceeded
+from kernel.errors import BackendError, BackendUnavailable, ContextLengthExceeded
 from proxy.tokens import TokenIds
 from recorder.records import RoutedExperts
 

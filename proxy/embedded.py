@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from proxy.errors import BackendUnavailable
-from proxy.threaded import free_port
+from kernel.errors import BackendUnavailable
+from kernel.threaded import free_port
 
 
 class EmbeddedEngine:

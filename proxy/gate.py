@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from proxy.errors import Overloaded
+from kernel.errors import Overloaded
 from proxy.metrics import Metrics
 
 

@@ -1,14 +1,16 @@
 """The proxy's Prometheus metrics, on a private registry created per app.
 
-Owns metric names and labels. ``create_app`` builds one ``Metrics`` and everything that
-counts gets it passed in; ``/metrics`` renders its registry.
+Owns the proxy's metric names and labels. ``create_app`` builds one ``Metrics`` and
+everything that counts gets it passed in; ``/metrics`` renders its registry, which also
+holds the recorder's metrics (``recorder.metrics``, registered here as ``recorder``).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+from recorder.metrics import LATENCY_BUCKETS, RecorderMetrics
+
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32)
 
 
@@ -16,6 +18,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.recorder = RecorderMetrics(r)  # the write path's own, on this registry
         self.requests = Counter(
             "lego_requests",
             "Inference requests by adapter and HTTP status.",
@@ -32,14 +35,14 @@ class Metrics:
             "lego_time_to_first_token_seconds",
             "Request received to first output event.",
             ["adapter"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.turn_duration = Histogram(
             "lego_turn_duration_seconds",
             "Request received to last output event.",
             ["adapter"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.prompt_tokens = Counter(
@@ -92,45 +95,10 @@ class Metrics:
             ["adapter", "field"],
             registry=r,
         )
-        self.recorder_pending = Gauge(
-            "lego_recorder_pending_turns", "Turns waiting to be written.", registry=r
-        )
-        self.recorder_write_failures = Gauge(
-            "lego_recorder_write_failures",
-            "Failed database write attempts since start.",
-            registry=r,
-        )
         self.sessions_finished = Counter(
             "lego_sessions_finished",
             "Sessions finished by termination reason.",
             ["termination"],
-            registry=r,
-        )
-
-        self.recorder_spooled = Counter(
-            "lego_recorder_spooled_turns",
-            "Turns written to the local spool because the database was down or slow.",
-            registry=r,
-        )
-        self.recorder_replayed = Counter(
-            "lego_recorder_replayed_turns",
-            "Spooled turns replayed into the database.",
-            registry=r,
-        )
-        self.recorder_dropped = Counter(
-            "lego_recorder_dropped_turns",
-            "Turns the database can never accept (logged and dropped).",
-            registry=r,
-        )
-        self.recorder_spool_bytes = Gauge(
-            "lego_recorder_spool_bytes", "Bytes waiting in the local spool.", registry=r
-        )
-        self.recorder_spool_turns = Gauge(
-            "lego_recorder_spool_turns", "Turns waiting in the local spool.", registry=r
-        )
-        self.recorder_spool_age = Gauge(
-            "lego_recorder_spool_oldest_age_seconds",
-            "Age of the oldest spooled turn (0 when the spool is empty).",
             registry=r,
         )
         self.paused_waits = Counter(
@@ -143,13 +111,7 @@ class Metrics:
             "lego_added_latency_seconds",
             "Turn duration minus time spent waiting on the backend: the proxy's own cost.",
             ["adapter"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.recorder_write_latency = Histogram(
-            "lego_recorder_write_latency_seconds",
-            "Duration of one database write of a batch of turns.",
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.export_claims = Counter(

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from transformers import PreTrainedTokenizerBase
 
+from kernel.errors import BackendError, ContextLengthExceeded, LegoError
 from proxy.backend import Finish, GenerateCall, GenerationDelta, GenerationEnd, SGLangBackend
 from proxy.canonical import (
     ChatRequest,
@@ -47,7 +48,6 @@ from proxy.canonical import (
     Usage,
 )
 from proxy.conversations import ConversationBook, recorded_requests
-from proxy.errors import BackendError, ContextLengthExceeded, LegoError
 from proxy.gate import RunGate
 from proxy.ledger import Classification, ForkReason, LedgerBook, PromptPlan
 from proxy.metrics import Metrics

@@ -1,6 +1,6 @@
 """Readiness of one proxy replica: can it serve a turn right now?
 
-Owns the ``/readyz`` verdict. Contract: ``check_readiness`` asks the database (``SELECT 1``)
+Owns the ``/readyz`` verdict. Contract: ``check_readiness`` asks the database (``Store.ping``)
 and every backend worker (``/health``) at once, each bounded by ``timeout_s``, and never
 raises: a replica is ready when the database answers and at least one worker does. The
 verdict says which part failed, so an operator reading a 503 knows where to look.
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-
-from sqlalchemy import text
 
 from proxy.backend import SGLangBackend
 from recorder.store import Store
@@ -45,12 +43,8 @@ async def check_readiness(
 
 
 async def _database_error(store: Store, timeout_s: float) -> str | None:
-    async def ping() -> None:
-        async with store.engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
-
     try:
-        await asyncio.wait_for(ping(), timeout_s)
+        await asyncio.wait_for(store.ping(), timeout_s)
     except TimeoutError:
         return f"no answer within {timeout_s} s"
     # Readiness reports any failure instead of raising it: the answer is the point.

@@ -17,8 +17,8 @@ from pathlib import Path
 import orjson
 from transformers import PreTrainedTokenizerBase
 
+from kernel.errors import InvalidRequest
 from proxy.canonical import ChatRequest, JsonObject, Message, ToolChoiceMode, ToolSpec
-from proxy.errors import InvalidRequest
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:

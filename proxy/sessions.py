@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from proxy.errors import AuthenticationFailed, Conflict
+from kernel.errors import AuthenticationFailed, Conflict
 from recorder.records import SessionInfo, SessionStatus
 from recorder.store import Store
 

@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from proxy.errors import RecorderError
+from kernel.errors import RecorderError
 
 MAGIC = b"LEGOBIN1"
 MEDIA_TYPE = "application/x-lego-binv1"

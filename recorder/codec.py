@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 from recorder.records import RoutedExperts
 
 _IDS = np.dtype("<i4")

@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import RecorderError
+from kernel.errors import RecorderError
 from recorder.records import TurnRecord
 
 EMPTY_OBJECT = b"{}"

@@ -28,7 +28,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from proxy.errors import Conflict, InvalidRequest, LegoError, RecorderError
+from kernel.errors import Conflict, InvalidRequest, LegoError, RecorderError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 POSTGRES_DRIVER = "postgresql+asyncpg"

@@ -36,7 +36,7 @@ from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from proxy.errors import Conflict, NotFound
+from kernel.errors import Conflict, NotFound
 from recorder.database import create_engine, is_sqlite, parse_url, transaction
 from recorder.records import EXCLUDED_TERMINATIONS, SessionStatus, TurnStatus
 from recorder.schema import (

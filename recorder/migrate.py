@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from proxy.errors import RecorderError
+from kernel.errors import RecorderError
 from recorder.database import create_engine, describe_error, is_sqlite, parse_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import orjson
 
-from proxy.errors import RecorderError
+from kernel.errors import RecorderError
 from recorder.store import BLOB_COLUMNS, StoredTurn
 
 log = logging.getLogger(__name__)

@@ -40,12 +40,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import ColumnElement, Insert, func, select, update
+from sqlalchemy import ColumnElement, Insert, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from proxy.errors import Conflict, NotFound, RecorderError
+from kernel.errors import Conflict, NotFound, RecorderError
 from recorder import codec
 from recorder.conversations import Conversation, StoredRequest, rebuild
 from recorder.database import create_engine, is_sqlite, parse_url, transaction
@@ -109,7 +109,14 @@ class Store:
 
     @property
     def engine(self) -> AsyncEngine:
+        """For the recorder's own read models (``recorder.read_models``); nothing above
+        the recorder runs SQL (``tests/test_layers.py``)."""
         return self._engine
+
+    async def ping(self) -> None:
+        """One round trip to the database; its driver's exception if there is none."""
+        async with self._engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
 
     # -- runs -----------------------------------------------------------------
     async def create_run(self, name: str) -> RunInfo:

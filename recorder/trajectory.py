@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from proxy.errors import InvalidRequest, RecorderError
+from kernel.errors import InvalidRequest, RecorderError
 from recorder.codec import expert_dtype_for
 from recorder.records import TurnArrays, TurnRecord, TurnStatus
 

@@ -38,7 +38,7 @@ power loss) loses no turn the harness has: the dead proxy's journal is replayed 
 next start. Without one, a turn reaches durability within ``flush_interval_s`` plus at most
 ``write_timeout_s``, and only a graceful shutdown is safe.
 
-Counters (plain attributes, mirrored to ``Metrics`` when given): ``submitted``,
+Counters (plain attributes, mirrored to ``RecorderMetrics`` when given): ``submitted``,
 ``written``, ``dropped``, ``batches``, ``failures`` (failed write attempts), ``spooled``,
 ``replayed``.
 """
@@ -52,9 +52,9 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from proxy.errors import Conflict, InvalidRequest, RecorderError
-from proxy.metrics import Metrics
+from kernel.errors import Conflict, InvalidRequest, RecorderError
 from recorder.journal import Journal
+from recorder.metrics import RecorderMetrics
 from recorder.records import TurnRecord
 from recorder.spool import Spool
 from recorder.store import Store, StoredTurn, encode_turn
@@ -72,7 +72,7 @@ class TurnWriter:
         spool: Spool | None = None,
         orphans: Sequence[Spool] = (),
         journal: Journal | None = None,
-        metrics: Metrics | None = None,
+        metrics: RecorderMetrics | None = None,
         max_batch: int = 256,
         flush_interval_s: float = 0.05,
         retry_initial_s: float = 0.1,
@@ -113,10 +113,12 @@ class TurnWriter:
         self.failures = 0
         self.spooled = 0
         self.replayed = 0
+        if metrics is not None:
+            metrics.pending.set_function(lambda: len(self._queue))
         if metrics is not None and spool is not None:
-            metrics.recorder_spool_age.set_function(spool.oldest_age_s)
-            metrics.recorder_spool_bytes.set_function(lambda: spool.size_bytes)
-            metrics.recorder_spool_turns.set_function(lambda: spool.records)
+            metrics.spool_age.set_function(spool.oldest_age_s)
+            metrics.spool_bytes.set_function(lambda: spool.size_bytes)
+            metrics.spool_turns.set_function(lambda: spool.records)
 
     @property
     def pending(self) -> int:
@@ -262,7 +264,7 @@ class TurnWriter:
     def _note_failure(self, exc: BaseException, size: int) -> None:
         self.failures += 1
         if self._metrics is not None:
-            self._metrics.recorder_write_failures.set(self.failures)
+            self._metrics.write_failures.set(self.failures)
         reason = exc.message if isinstance(exc, RecorderError) else "timed out"
         if not self._spooling:
             log.warning("turn writer: writing %d turns failed (%s); spooling", size, reason)
@@ -285,7 +287,7 @@ class TurnWriter:
                 continue
             self.spooled += len(rows)
             if self._metrics is not None:
-                self._metrics.recorder_spooled.inc(len(rows))
+                self._metrics.spooled.inc(len(rows))
             return
 
     async def _replay(self) -> None:
@@ -308,7 +310,7 @@ class TurnWriter:
                         return
                 self.replayed += len(rows)
                 if self._metrics is not None:
-                    self._metrics.recorder_replayed.inc(len(rows))
+                    self._metrics.replayed.inc(len(rows))
                 await asyncio.to_thread(spool.remove, segment)
         for orphan in [o for o in self._orphans if o.records == 0]:
             orphan.close()
@@ -353,7 +355,7 @@ class TurnWriter:
             began = time.perf_counter()
             await self._store.write_rows(todo)
             if self._metrics is not None:
-                self._metrics.recorder_write_latency.observe(time.perf_counter() - began)
+                self._metrics.write_latency.observe(time.perf_counter() - began)
         except (Conflict, InvalidRequest) as exc:
             if len(todo) > 1:
                 for turn in todo:
@@ -369,5 +371,5 @@ class TurnWriter:
     def _drop(self, turn_id: str, reason: str) -> None:
         self.dropped += 1
         if self._metrics is not None:
-            self._metrics.recorder_dropped.inc()
+            self._metrics.dropped.inc()
         log.error("turn writer: dropping turn %s: %s", turn_id, reason)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from recorder.migrate import upgrade_database
+from recorder.scratch_postgres import PostgresServer, PostgresUnavailable, running_postgres
 from recorder.store import Store
 from tests.support.engine_server import tiny_model_dir as tiny_model_dir
-from tests.support.postgres import PostgresServer, PostgresUnavailable, running_postgres
 
 # ---------------------------------------------------------------------------------------
 # Postgres / database fixtures (recorder)

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import numpy.typing as npt
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]

@@ -19,7 +19,7 @@ Owns the wire side of training, nothing else:
 - ``BackendClient``: SGLang's ``POST /update_weights_from_disk`` (the local engine and a
   real SGLang server alike).
 
-Errors are raised from ``proxy.errors``: an HTTP error status becomes the ``LegoError``
+Errors are raised from ``kernel.errors``: an HTTP error status becomes the ``LegoError``
 subclass carrying that status (401, 403, 404, 409, 413, 400; anything else ``BackendError``
 with the upstream status), an unreachable server ``BackendUnavailable``. One pooled
 ``httpx.Client`` per client object; close it (or use it as a context manager).
@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from proxy.errors import (
+from kernel.errors import (
     AuthenticationFailed,
     BackendError,
     BackendUnavailable,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 from trainer_bridge.samples import Sample
 
 

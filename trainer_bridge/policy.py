@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoModelForCausalLM
 
-from proxy.errors import InvalidRequest, Unsupported
+from kernel.errors import InvalidRequest, Unsupported
 from trainer_bridge.loss import k3_kl_loss, token_logprobs
 from trainer_bridge.packing import MicroBatch
 from trainer_bridge.replay import RouterTrace, routing_replay

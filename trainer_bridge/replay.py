@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from proxy.errors import InvalidRequest, Unsupported
+from kernel.errors import InvalidRequest, Unsupported
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # Router class name -> whether its top-k weights are renormalised (None: read the module's

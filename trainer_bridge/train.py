@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from proxy.errors import Conflict
+from kernel.errors import Conflict
 from trainer_bridge.advantages import grpo_advantages, zero_variance_share
 from trainer_bridge.alignment import (
     AlignmentMetrics,

@@ -35,6 +35,7 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import Field, JsonValue, Tag, ValidationError
 
+from kernel.errors import BackendError, InvalidRequest, LegoError, Unsupported
 from proxy.adapters.base import StreamState
 from proxy.adapters.signing import ReasoningSigner
 from proxy.adapters.sse import sse_frame
@@ -55,7 +56,6 @@ from proxy.canonical import (
     TurnFinished,
     Usage,
 )
-from proxy.errors import BackendError, InvalidRequest, LegoError, Unsupported
 
 # -- wire models: request --------------------------------------------------------------------
 

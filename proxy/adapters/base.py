@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kernel.errors import LegoError
 from proxy.canonical import AssistantTurn, ChatRequest, OutputEvent
-from proxy.errors import LegoError
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import Field, JsonValue, Tag, ValidationError
 
+from kernel.errors import InvalidRequest, LegoError, Unsupported
 from proxy.adapters.base import StreamState
 from proxy.adapters.openai_errors import error_object
 from proxy.adapters.sse import sse_frame
@@ -47,7 +48,6 @@ from proxy.canonical import (
     TurnFinished,
     Usage,
 )
-from proxy.errors import InvalidRequest, LegoError, Unsupported
 
 # -- wire models: request --------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ OpenAI's ``type`` vocabulary; each adapter wraps it in its own envelope or event
 
 from __future__ import annotations
 
-from proxy.errors import BackendError, LegoError
+from kernel.errors import BackendError, LegoError
 
 _TYPE_BY_STATUS = {
     401: "authentication_error",

@@ -21,7 +21,7 @@ import binascii
 import hashlib
 import hmac
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 
 _PREFIX = "lego1."
 _DIGEST_BYTES = 32

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Discriminator, ValidationError
 from pydantic_core import ErrorDetails
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 
 # Union members are tagged with names starting with "~" so that the JSON path of a validation
 # error can drop them: pydantic puts the tag into the error location.

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from kernel.errors import InvalidRequest
 from proxy.canonical import (
     ChatRequest,
     Message,
@@ -35,7 +36,6 @@ from proxy.canonical import (
     ToolChoiceMode,
     ToolSpec,
 )
-from proxy.errors import InvalidRequest
 from recorder.conversations import Conversation
 
 _ROLES: dict[str, Role] = {r: r for r in ("system", "user", "assistant", "tool")}

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from kernel.errors import InvalidRequest, LegoError
 from proxy.canonical import ChatRequest, Message, ToolCall, ToolSpec
-from proxy.errors import InvalidRequest, LegoError
 from proxy.render import Renderer
 
 _MARK = "lego-ledger-probe-answer"

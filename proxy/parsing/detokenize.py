@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from proxy.errors import LegoError
+from kernel.errors import LegoError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kernel.errors import LegoError
 from proxy.canonical import OutputEvent, ReasoningDelta, TextDelta, ToolSpec
-from proxy.errors import LegoError
 from proxy.parsing.detokenize import IncrementalDetokenizer
 from proxy.parsing.holdback import StopTrimmer
 from proxy.parsing.reasoning import ReasoningSplitter, Split

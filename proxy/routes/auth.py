@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 
-from proxy.errors import AuthenticationFailed
+from kernel.errors import AuthenticationFailed
 
 
 def require_admin(authorization: str, admin_key: bytes, api: str) -> None:

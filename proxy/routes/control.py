@@ -13,28 +13,17 @@ OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from typing import Annotated
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator
 
-from proxy.errors import InvalidRequest, LegoError
-from proxy.routes.auth import require_admin
+from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
 from proxy.settings import Settings
 from proxy.state import AppState
-from recorder.records import (
-    EXCLUDED_TERMINATIONS,
-    SessionInfo,
-    SessionSpec,
-    Termination,
-)
+from recorder.records import SessionSpec, Termination
 from recorder.trajectory import build_segments, segment_to_json
-
-JSON = "application/json"
-_M = TypeVar("_M", bound=BaseModel)
-ErrorRenderer = Callable[[LegoError], tuple[int, bytes]]
 
 
 class _Strict(BaseModel):
@@ -90,37 +79,9 @@ class FinishSession(_Strict):
     reward_details: dict[str, JsonValue] | None = None
 
 
-def _parse(model: type[_M], body: bytes) -> _M:
-    try:
-        return model.model_validate_json(body or b"{}")
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or None
-        raise InvalidRequest(f"{where or 'body'}: {first['msg']}", param=where) from exc
-
-
-def session_json(session: SessionInfo, public_url: str) -> dict[str, object]:
-    spec = session.spec
-    return {
-        "id": session.id,
-        "run_id": spec.run_id,
-        "task_id": spec.task_id,
-        "group_id": spec.group_id,
-        "sample_index": spec.sample_index,
-        "harness": spec.harness,
-        "sampling": spec.sampling,
-        "max_prompt_tokens": spec.max_prompt_tokens,
-        "max_output_tokens": spec.max_output_tokens,
-        "status": session.status.value,
-        "termination": session.termination,
-        "reward": session.reward,
-        "reward_details": session.reward_details,
-        "excluded": session.termination in EXCLUDED_TERMINATIONS,
-        "turn_count": session.turn_count,
-        "created_at": session.created_at,
-        "openai_base_url": f"{public_url}/s/{session.key}/v1",
-        "anthropic_base_url": f"{public_url}/s/{session.key}",
-    }
+def _state(request: Request) -> AppState:
+    state: AppState = request.app.state.lego
+    return state
 
 
 def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
@@ -131,25 +92,15 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
     def admin(
         handler: Callable[[AppState, Request], Awaitable[object]],
     ) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            state: AppState = request.app.state.lego
-            try:
-                require_admin(request.headers.get("authorization", ""), admin_key, "control API")
-                result = await handler(state, request)
-            except LegoError as exc:
-                status, content = render_error(exc)
-                return Response(content, status_code=status, media_type=JSON)
-            return Response(orjson.dumps(result), media_type=JSON)
-
-        return endpoint
+        return admin_endpoint("control API", admin_key, render_error, _state, handler)
 
     async def create_run(state: AppState, request: Request) -> object:
-        body = _parse(CreateRun, await request.body())
+        body = parse_body(CreateRun, await request.body())
         run = await state.store.create_run(body.name)
         return {"id": run.id, "name": run.name, "created_at": run.created_at}
 
     async def create_session(state: AppState, request: Request) -> object:
-        body = _parse(CreateSession, await request.body())
+        body = parse_body(CreateSession, await request.body())
         spec = SessionSpec(
             run_id=request.path_params["run_id"],
             task_id=body.task_id,
@@ -165,7 +116,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         return {**session_json(session, public_url), "key": session.key}
 
     async def finish_session(state: AppState, request: Request) -> object:
-        body = _parse(FinishSession, await request.body())
+        body = parse_body(FinishSession, await request.body())
         details: dict[str, object] | None = (
             dict(body.reward_details) if body.reward_details is not None else None
         )

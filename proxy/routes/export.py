@@ -38,11 +38,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy.errors import InvalidRequest, LegoError, RecorderError
+from kernel.errors import InvalidRequest, RecorderError
 from proxy.gate import RunGate
 from proxy.metrics import Metrics
-from proxy.routes.auth import require_admin
-from proxy.routes.control import JSON, ErrorRenderer, _parse, session_json
+from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
 from proxy.settings import Settings
 from recorder import binwire
 from recorder.export import AlignmentReport, ClaimedGroup, ExportStore
@@ -90,6 +89,11 @@ class AlignmentBody(BaseModel):
     flagged: bool = False
 
 
+def _state(request: Request) -> ExportState:
+    state: ExportState = request.app.state.lego_export
+    return state
+
+
 def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
     router = APIRouter(prefix="/api/v1")
     admin_key = settings.effective_admin_key.encode()
@@ -98,24 +102,13 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
     def admin(
         handler: Callable[[ExportState, Request], Awaitable[object]],
     ) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            try:
-                require_admin(request.headers.get("authorization", ""), admin_key, "export API")
-                result = await handler(request.app.state.lego_export, request)
-            except LegoError as exc:
-                status, content = render_error(exc)
-                return Response(content, status_code=status, media_type=JSON)
-            if isinstance(result, Response):
-                return result
-            return Response(orjson.dumps(result, option=_OPTIONS), media_type=JSON)
-
-        return endpoint
+        return admin_endpoint("export API", admin_key, render_error, _state, handler)
 
     def run_id(request: Request) -> str:
         return str(request.path_params["run_id"])
 
     async def announce(state: ExportState, request: Request) -> object:
-        body = _parse(AnnounceVersion, await request.body())
+        body = parse_body(AnnounceVersion, await request.body())
         entry = await state.exports.announce_version(run_id(request), body.version)
         return {
             "run_id": entry.run_id,
@@ -163,7 +156,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         return {"items": items, "next_cursor": None if last is None else _cursor(last)}
 
     async def claim(state: ExportState, request: Request) -> object:
-        body = _parse(ClaimBody, await request.body())
+        body = parse_body(ClaimBody, await request.body())
         wire = request.query_params.get("format", "json")
         if wire not in FORMATS:
             raise InvalidRequest(f"format must be one of {list(FORMATS)}", param="format")
@@ -205,7 +198,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         return {"batch_id": batch_id, "acked": True}
 
     async def post_alignment(state: ExportState, request: Request) -> object:
-        body = _parse(AlignmentBody, await request.body())
+        body = parse_body(AlignmentBody, await request.body())
         report = AlignmentReport(
             run_id=run_id(request),
             step=body.step,

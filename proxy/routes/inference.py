@@ -26,11 +26,11 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from kernel.errors import LegoError, Overloaded, PayloadTooLarge
 from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter, count_tokens_response
 from proxy.adapters.base import Adapter, StreamState
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter
 from proxy.canonical import AssistantTurn, ChatRequest, OutputEvent, collect
-from proxy.errors import LegoError, Overloaded, PayloadTooLarge
 from proxy.pipeline import PreparedTurn
 from proxy.routes.responses_state import resolve_previous_response
 from proxy.state import AppState

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 
+from kernel.errors import InvalidRequest, NotFound, RecorderError
 from proxy.adapters.openai_responses import continue_from, turn_id_of
 from proxy.canonical import ChatRequest, Message
-from proxy.errors import InvalidRequest, NotFound, RecorderError
 from proxy.ledger.codec import RequestDecoder, decode_message
 from proxy.state import AppState
 from recorder.records import SessionInfo

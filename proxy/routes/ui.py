@@ -29,8 +29,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from transformers import PreTrainedTokenizerBase
 
-from engine.tiny import default_model_dir
-from proxy.errors import InvalidRequest, LegoError, NotFound
+from kernel.errors import InvalidRequest, LegoError, NotFound
+from kernel.paths import default_model_dir
 from proxy.render import load_tokenizer
 from proxy.routes.auth import require_admin
 from proxy.settings import Settings

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from sqlalchemy import Subquery, and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from proxy.errors import NotFound
+from kernel.errors import NotFound
 from proxy.ui.facts import session_facts, version_order
 from recorder.schema import alignment_reports, runs
 

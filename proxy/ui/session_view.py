@@ -20,7 +20,7 @@ import orjson
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from proxy.errors import NotFound
+from kernel.errors import NotFound
 from recorder import codec
 from recorder.conversations import Conversation, StoredRequest, rebuild
 from recorder.schema import sessions, turns

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import ColumnElement, and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from proxy.errors import InvalidRequest, NotFound
+from kernel.errors import InvalidRequest, NotFound
 from proxy.ui.facts import session_facts, version_order
 from recorder.schema import runs, sessions
 

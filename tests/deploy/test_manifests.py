@@ -249,3 +249,15 @@ def test_the_image_is_multi_stage_non_root_with_a_healthcheck_and_an_optional_en
     assert "/healthz" in runtime
     assert "ARG WITH_ENGINE=false" in text
     assert '"$(ls /wheels/lego_proxy-*.whl)[engine]"' in text
+
+
+def test_the_image_holds_every_package_the_project_installs() -> None:
+    """A package left out of the build context would make the image fail at import."""
+    import tomllib
+
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (DEPLOY / "Dockerfile").read_text(), re.M))
+    context = (DEPLOY / "Dockerfile.dockerignore").read_text()
+    allowed = set(re.findall(r"^!(\w+)/$", context, re.MULTILINE))
+    assert packages == copied == allowed

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig
-from tests.support.engine_server import running_engine
+from engine.loopback import running_engine
 
 
 @pytest.fixture(scope="session")

@@ -13,10 +13,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from engine.config import EngineConfig
+from engine.loopback import running_engine
 from engine.script import prompt_tail
 from engine.zero import FIXED_LOGPROB
 from tests.engine.helpers import decode_routing, generate, stream_chunks
-from tests.support.engine_server import running_engine
 
 PROMPT = [1716, 882, 198, 71, 72, 1717, 198, 1716, 329, 198]
 WEATHER_REPLY = (

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.sampling import SamplingContractError, choose_token, parse_sampling_params
-from proxy.errors import InvalidRequest, Unsupported
+from kernel.errors import InvalidRequest, Unsupported
 
 
 def test_defaults_and_nulls() -> None:

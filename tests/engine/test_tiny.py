@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from engine.tiny import build_tokenizer, default_model_dir, ensure_tiny_model
+from engine.tiny import build_tokenizer, ensure_tiny_model
 from engine.tokenizer_build import MARKUP_TOKENS, SPECIAL_TOKENS, VOCAB_SIZE
+from kernel.paths import default_model_dir
 
 
 def test_default_model_dir() -> None:

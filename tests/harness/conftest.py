@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from recorder.scratch_postgres import PostgresServer
 from tests.harness.checks import RunReport
 from tests.harness.harnesses import Installed
 from tests.harness.policy import SCRIPT
 from tests.harness.stack import HarnessStack, harness_stack
-from tests.support.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

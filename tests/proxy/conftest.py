@@ -18,11 +18,11 @@ import httpx
 import pytest
 
 from engine.config import EngineConfig
+from engine.loopback import running_engine
+from kernel.threaded import free_port, serve
 from proxy.app import create_app
 from proxy.settings import Settings
-from proxy.threaded import free_port, serve
-from tests.support.engine_server import running_engine
-from tests.support.postgres import PostgresServer
+from recorder.scratch_postgres import PostgresServer
 from tests.support.tap import BackendTap
 
 ADMIN_KEY = "test-admin-key"

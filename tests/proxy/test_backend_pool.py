@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from engine.config import EngineConfig
+from engine.loopback import running_engine
+from kernel.errors import BackendError, BackendUnavailable
+from kernel.threaded import free_port, serve
 from proxy.backend import GenerateCall, GenerationEnd, SGLangBackend, rendezvous_order
-from proxy.errors import BackendError, BackendUnavailable
-from proxy.threaded import free_port, serve
-from tests.support.engine_server import running_engine
 from tests.support.tap import BackendTap
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from proxy.threaded import free_port
+from kernel.threaded import free_port
 from tests.proxy.conftest import ADMIN_KEY, DEFAULT_REPLY
 from tests.support.tap import BackendTap
 
@@ -27,7 +27,7 @@ def start_proxy(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes]
     port = free_port()
     with log.open("ab") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "cli.main", "serve", "--port", str(port)],
             env={**env, "LEGO_PORT": str(port)},
             stdout=sink,
             stderr=subprocess.STDOUT,

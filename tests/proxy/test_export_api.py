@@ -15,15 +15,15 @@ import numpy as np
 import openai
 import pytest
 
+from kernel.errors import Overloaded
+from kernel.threaded import free_port, serve
 from proxy.app import create_app
-from proxy.errors import Overloaded
 from proxy.gate import RunGate
 from proxy.routes.export import SCHEMA_VERSION
 from proxy.settings import Settings
-from proxy.threaded import free_port, serve
+from recorder.scratch_postgres import PostgresServer
 from recorder.trajectory import decode_array
 from tests.proxy.conftest import ADMIN_KEY, Proxy
-from tests.support.postgres import PostgresServer
 from tests.support.tap import BackendTap
 
 CLAIM_KEYS = {

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
+from kernel.errors import BackendUnavailable, RecorderError
+from kernel.threaded import serve
 from proxy.adapters.openai_chat import OpenAIChatAdapter
-from proxy.errors import BackendUnavailable, RecorderError
 from proxy.gate import RunGate
 from proxy.metrics import Metrics
 from proxy.routes import export
 from proxy.settings import Settings
-from proxy.threaded import serve
 from recorder import binwire
 from recorder.export import ExportStore
 from recorder.records import RoutedExperts, SessionSpec, TurnRecord, TurnStatus

@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
+from kernel.threaded import free_port, serve
 from proxy.app import create_app
 from proxy.settings import Settings
-from proxy.threaded import free_port, serve
 from tests.proxy.conftest import ADMIN_KEY, SHELL_TOOL, Proxy
 from tests.support.tap import BackendTap
 

@@ -24,14 +24,14 @@ import openai
 import pytest
 
 from engine.config import EngineConfig
+from engine.loopback import running_engine
+from kernel.threaded import free_port, serve
 from proxy.app import create_app
 from proxy.settings import Settings
-from proxy.threaded import free_port, serve
 from recorder.conversations import Conversation
 from recorder.records import TurnRecord
+from recorder.scratch_postgres import PostgresServer
 from recorder.store import Store
-from tests.support.engine_server import running_engine
-from tests.support.postgres import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from proxy.errors import RecorderError
+from kernel.errors import RecorderError
 from recorder.binwire import ALIGN, MAGIC, encode_frame
 
 

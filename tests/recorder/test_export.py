@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from proxy.errors import Conflict, NotFound
+from kernel.errors import Conflict, NotFound
 from recorder.export import AlignmentReport, ExportStore
 from recorder.records import SessionSpec
 from recorder.store import Store

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.errors import RecorderError
+from kernel.errors import RecorderError
 from recorder.conversations import StoredRequest, answer_as_message, rebuild
 from recorder.records import SessionSpec, TurnRecord, TurnStatus
 from recorder.store import Store

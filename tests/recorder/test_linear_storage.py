@@ -9,7 +9,7 @@ import uuid
 import numpy as np
 import pytest
 
-from proxy.errors import RecorderError
+from kernel.errors import RecorderError
 from recorder.records import RoutedExperts, SessionSpec, TurnRecord, TurnStatus
 from recorder.store import Store
 from recorder.trajectory import build_segments

@@ -17,14 +17,14 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import insert, inspect, select
 from sqlalchemy.engine import Connection
 
-from proxy.errors import InvalidRequest, RecorderError
+from kernel.errors import InvalidRequest, RecorderError
 from recorder.database import create_engine
 from recorder.migrate import alembic_config, upgrade_database
 from recorder.records import SessionSpec
 from recorder.schema import metadata, turns
+from recorder.scratch_postgres import PostgresServer
 from recorder.store import Store, encode_turn
 from tests.recorder.builders import make_turn
-from tests.support.postgres import PostgresServer
 
 # The newest migration shipped in the package; every upgrade must land there.
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()

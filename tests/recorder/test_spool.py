@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.errors import RecorderError
+from kernel.errors import RecorderError
 from recorder.spool import Spool
 from recorder.store import StoredTurn, decode_stored, encode_turn
 from tests.recorder.builders import experts, rich_turn

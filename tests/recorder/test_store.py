@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from proxy.errors import Conflict, InvalidRequest, NotFound, RecorderError
+from kernel.errors import Conflict, InvalidRequest, NotFound, RecorderError
 from recorder.records import SessionInfo, SessionSpec, SessionStatus, TurnRecord
 from recorder.schema import turns
 from recorder.store import Store, StoredTurn, encode_turn

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from proxy.errors import RecorderError
+from kernel.errors import RecorderError
 from recorder.records import RoutedExperts, TurnArrays, TurnRecord, TurnStatus
 from recorder.trajectory import build_segments, decode_array, segment_to_json
 from tests.recorder.builders import experts, make_turn

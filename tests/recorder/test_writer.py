@@ -12,11 +12,11 @@ import pytest
 from recorder.database import create_engine
 from recorder.migrate import upgrade_database
 from recorder.records import SessionInfo, SessionSpec
+from recorder.scratch_postgres import PostgresServer
 from recorder.spool import Spool
 from recorder.store import Store
 from recorder.writer import TurnWriter
 from tests.recorder.builders import make_turn
-from tests.support.postgres import PostgresServer
 
 
 async def new_session(store: Store) -> SessionInfo:

@@ -20,10 +20,10 @@ import httpx
 import pytest
 
 from engine.config import EngineConfig
+from engine.loopback import running_engine
+from kernel.threaded import free_port, serve
 from proxy.app import create_app
 from proxy.settings import Settings
-from proxy.threaded import free_port, serve
-from tests.support.engine_server import running_engine
 
 ADMIN_KEY = "trainer-test-admin-key"
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 from trainer_bridge.alignment import (
     AlignmentThresholds,
     is_flagged,

@@ -12,8 +12,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from proxy.errors import BackendError, Conflict, InvalidRequest, NotFound, Unsupported
-from proxy.threaded import serve
+from kernel.errors import BackendError, Conflict, InvalidRequest, NotFound, Unsupported
+from kernel.threaded import serve
 from recorder import binwire
 from trainer_bridge.client import BINV1_MAGIC, BackendClient, ExportClient, parse_claim
 from trainer_bridge.samples import samples_from_batch

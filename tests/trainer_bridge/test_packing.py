@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 from trainer_bridge.packing import MicroBatch, pack
 from trainer_bridge.policy import forward_logprobs, load_policy
 from trainer_bridge.samples import Sample

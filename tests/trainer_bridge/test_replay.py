@@ -13,7 +13,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from proxy.errors import InvalidRequest
+from kernel.errors import InvalidRequest
 from trainer_bridge.alignment import routing_agreement
 from trainer_bridge.replay import find_routers, routing_replay
 

@@ -15,6 +15,17 @@ import httpx2 as httpx  # the transport library anthropic 2.x is built on
 import orjson
 import pytest
 
+from kernel.errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendUnavailable,
+    Conflict,
+    InvalidRequest,
+    LegoError,
+    NotFound,
+    PayloadTooLarge,
+    Unsupported,
+)
 from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.base import StreamState
 from proxy.adapters.signing import ReasoningSigner
@@ -30,17 +41,6 @@ from proxy.canonical import (
     ToolChoiceMode,
     TurnFinished,
     Usage,
-)
-from proxy.errors import (
-    AuthenticationFailed,
-    BackendError,
-    BackendUnavailable,
-    Conflict,
-    InvalidRequest,
-    LegoError,
-    NotFound,
-    PayloadTooLarge,
-    Unsupported,
 )
 
 Json = dict[str, Any]

@@ -16,6 +16,20 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageFunctionToolCall
 
+from kernel.errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendUnavailable,
+    Conflict,
+    ContextLengthExceeded,
+    InvalidRequest,
+    LegoError,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    RecorderError,
+    Unsupported,
+)
 from proxy.adapters.base import Adapter, StreamState
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
 from proxy.canonical import (
@@ -31,20 +45,6 @@ from proxy.canonical import (
     ToolChoiceMode,
     TurnFinished,
     Usage,
-)
-from proxy.errors import (
-    AuthenticationFailed,
-    BackendError,
-    BackendUnavailable,
-    Conflict,
-    ContextLengthExceeded,
-    InvalidRequest,
-    LegoError,
-    NotFound,
-    PayloadTooLarge,
-    PermissionDenied,
-    RecorderError,
-    Unsupported,
 )
 
 Json = dict[str, Any]

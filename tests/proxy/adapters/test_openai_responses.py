@@ -14,6 +14,15 @@ import openai
 import orjson
 import pytest
 
+from kernel.errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendUnavailable,
+    InvalidRequest,
+    LegoError,
+    NotFound,
+    Unsupported,
+)
 from proxy.adapters.base import StreamState
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter, continue_from
 from proxy.adapters.signing import ReasoningSigner
@@ -29,15 +38,6 @@ from proxy.canonical import (
     ToolChoiceMode,
     TurnFinished,
     Usage,
-)
-from proxy.errors import (
-    AuthenticationFailed,
-    BackendError,
-    BackendUnavailable,
-    InvalidRequest,
-    LegoError,
-    NotFound,
-    Unsupported,
 )
 
 Json = dict[str, Any]

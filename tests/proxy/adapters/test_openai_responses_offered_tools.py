@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 import pytest
 
+from kernel.errors import Unsupported
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter
 from proxy.adapters.signing import ReasoningSigner
-from proxy.errors import Unsupported
 
 EXEC: dict[str, Any] = {
     "type": "function",

@@ -7,8 +7,8 @@ import copy
 import pytest
 from transformers import PreTrainedTokenizerBase
 
+from kernel.errors import LegoError
 from proxy.canonical import Message
-from proxy.errors import LegoError
 from proxy.ledger import IncrementalRenderer
 from proxy.render import Renderer
 from tests.proxy.ledger.conftest import SYSTEM, request

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from proxy.errors import LegoError
+from kernel.errors import LegoError
 from proxy.parsing.detokenize import IncrementalDetokenizer, special_token_ids
 
 if TYPE_CHECKING:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from kernel.errors import LegoError
 from proxy.canonical import (
     JsonValue,
     OutputEvent,
@@ -17,7 +18,6 @@ from proxy.canonical import (
     ToolCallDelta,
     ToolSpec,
 )
-from proxy.errors import LegoError
 from proxy.parsing import OutputParser
 from proxy.settings import ToolParser
 

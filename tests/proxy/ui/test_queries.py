@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from kernel.errors import InvalidRequest, NotFound
 from proxy.canonical import Message
-from proxy.errors import InvalidRequest, NotFound
 from proxy.ui.collapse import trend
 from proxy.ui.overview import load_overview
 from proxy.ui.pages import Pages, collapse_rows

@@ -23,11 +23,11 @@ import openai
 import pytest
 from sqlalchemy.engine import make_url
 
+from kernel.threaded import free_port
 from proxy.settings import DEV_ADMIN_KEY
-from proxy.threaded import free_port
 from recorder.records import TurnRecord, TurnStatus
+from recorder.scratch_postgres import PostgresServer
 from recorder.store import Store
-from tests.support.postgres import PostgresServer
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +254,7 @@ def test_serve_refuses_bad_settings_in_one_line(
 
 def test_train_hands_its_arguments_to_the_trainer() -> None:
     shown = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "train", "--help"],
+        [sys.executable, "-m", "cli.main", "train", "--help"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr

@@ -1,4 +1,4 @@
-"""The one exception tree of lego-proxy.
+"""The one exception tree of lego-proxy, shared by every package (the bottom layer).
 
 The core raises these; nothing returns errors as values. Each wire adapter maps a
 ``LegoError`` to its own error shape in exactly one function (``error_body``), using the
@@ -16,7 +16,9 @@ The core raises these; nothing returns errors as values. Each wire adapter maps 
     ├── Overloaded                 429  new turns held back (run paused); retry after a delay
     ├── BackendError               502  the SGLang backend answered with an error
     │   └── BackendUnavailable     503  the backend cannot be reached
-    └── RecorderError              500  the database refused a control-plane write
+    ├── RecorderError              500  the database refused a control-plane write
+    ├── ServerDidNotStart          500  a child server exited or never answered (kernel.process)
+    └── PostgresUnavailable        500  no scratch Postgres here (recorder.scratch_postgres)
 
 ``BackendError.retryable`` tells adapters whether the harness may retry (it becomes the
 in-band error's ``type``); the turn that hit it is recorded as failed either way.

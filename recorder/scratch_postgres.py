@@ -1,5 +1,6 @@
-"""A real Postgres for the test suite: the one given in ``LEGO_TEST_POSTGRES_URL``, or a
-throwaway cluster started here.
+"""A scratch Postgres on loopback for tests, benchmarks and trials: the server given in
+``LEGO_TEST_POSTGRES_URL``, or a throwaway cluster started here. Nothing in the serving path
+imports it.
 
 Contract:
 - ``running_postgres()`` is a context manager yielding a ``PostgresServer``. With
@@ -31,10 +32,12 @@ from pathlib import Path
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from kernel.errors import LegoError
+
 ENV_URL = "LEGO_TEST_POSTGRES_URL"
 
 
-class PostgresUnavailable(Exception):
+class PostgresUnavailable(LegoError):
     """No Postgres was given and none can be started here."""
 
 

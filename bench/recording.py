@@ -18,11 +18,8 @@ logprobs, int32 experts), stored bytes per new token (the ``turns`` table's size
 against the raw compact array bytes (int32 ids, float32 logprobs, uint8 experts), and
 export throughput (array bytes delivered per second) against the raw loopback transfer.
 
-    python -m bench.recorder [--sessions 24] [--turns 8] [--tokens 1024] [--repeats 3]
+    python -m bench.recording [--sessions 24] [--turns 8] [--tokens 1024] [--repeats 3]
                              [--database-url URL]
-
-(Run it as a module: as a script, its own directory would come first on ``sys.path`` and
-this file would shadow the ``recorder`` package it measures.)
 
 Targets (issue 5): stored <= 1.3x raw, export >= 50% of raw loopback, ingest >= 200k tok/s.
 """
@@ -44,19 +41,19 @@ import numpy as np
 from fastapi import FastAPI
 from fastapi.responses import Response
 
+from kernel.threaded import serve
 from proxy.adapters.openai_chat import OpenAIChatAdapter
 from proxy.gate import RunGate
 from proxy.metrics import Metrics
 from proxy.routes import export
 from proxy.settings import Settings
-from proxy.threaded import serve
 from recorder.export import ExportStore
 from recorder.migrate import upgrade_database
 from recorder.records import RoutedExperts, SessionSpec, TurnRecord, TurnStatus
+from recorder.scratch_postgres import running_postgres
 from recorder.spool import Spool
 from recorder.store import Store
 from recorder.writer import TurnWriter
-from tests.support.postgres import running_postgres
 from trainer_bridge.client import ClaimedBatch, ClaimedSegment, parse_claim
 
 LAYERS, TOP_K, EXPERTS = 48, 8, 128

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from proxy.errors import LegoError
+from kernel.errors import LegoError
 from proxy.settings import Settings
 
 
@@ -77,7 +77,7 @@ def _db_upgrade(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from proxy.demo import run_demo
+    from cli.demo import run_demo
 
     run_demo(keep=args.keep)
 

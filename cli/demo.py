@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 
+from kernel.threaded import free_port, serve
 from proxy.app import create_app
 from proxy.settings import Settings, ToolParser
-from proxy.threaded import free_port, serve
 
 SHELL_TOOL: Any = {
     "type": "function",

@@ -1,0 +1,38 @@
+"""Every benchmark starts both ways: ``python -m bench.X`` and ``python bench/X.py``.
+
+Run as a script, a benchmark's own directory comes first on ``sys.path``; a module named
+like a package of the project (``bench/recorder.py`` once) would shadow that package, and a
+benchmark importing a sibling as ``bench.*`` would not find it. ``--help`` imports the
+whole module and parses its arguments without measuring anything.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
+
+
+def test_benchmarks_are_found() -> None:
+    assert {"overhead", "recording", "turn_cost"} <= set(BENCHMARKS)
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+@pytest.mark.parametrize("way", ["module", "script"])
+def test_starts(name: str, way: str) -> None:
+    target = ["-m", f"bench.{name}"] if way == "module" else [str(ROOT / "bench" / f"{name}.py")]
+    done = subprocess.run(
+        [sys.executable, *target, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout
