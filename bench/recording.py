@@ -8,7 +8,8 @@ loopback, by the trainer's own client code, in each compact wire form (``b64v1``
 JSON; ``binv1`` raw bytes streamed behind JSON headers, what ``trainer_bridge`` uses),
 and the same number of bytes is fetched from a plain route on the same server. Each claim
 is timed from the request to the body's last byte (the whole HTTP export: database reads,
-segment assembly, encoding, transfer), and again to arrays decoded by ``parse_claim``.
+segment assembly, encoding, transfer), and again to arrays decoded by ``decode_claim``
+(``recorder.export_wire``).
 Claims take a short lease, so each repeat claims the same groups again; every timing is
 the median of ``--repeats`` (raw and export runs interleaved), after one untimed warm-up of
 each path.
@@ -48,13 +49,13 @@ from proxy.metrics import Metrics
 from proxy.routes import export
 from proxy.settings import Settings
 from recorder.export import ExportStore
+from recorder.export_wire import ClaimedBatch, Segment, decode_claim
 from recorder.migrate import upgrade_database
 from recorder.records import RoutedExperts, SessionSpec, TurnRecord, TurnStatus
 from recorder.scratch_postgres import running_postgres
 from recorder.spool import Spool
 from recorder.store import Store
 from recorder.writer import TurnWriter
-from trainer_bridge.client import ClaimedBatch, ClaimedSegment, parse_claim
 
 LAYERS, TOP_K, EXPERTS = 48, 8, 128
 ADMIN_KEY = "bench-admin-key"
@@ -208,7 +209,7 @@ def export_vs_loopback(
             )
             received = time.perf_counter()
             response.raise_for_status()
-            batch = parse_claim(response.content)
+            batch = decode_claim(response.content)
             decoded = time.perf_counter()
             assert len(batch.groups) == groups, "every group is claimed each time"
             return response, received - began, decoded - began, batch
@@ -273,7 +274,7 @@ def _assert_same_arrays(*batches: ClaimedBatch) -> None:
                 np.testing.assert_array_equal(getattr(a, key), getattr(b, key))
 
 
-def _segments(batch: ClaimedBatch) -> Iterator[ClaimedSegment]:
+def _segments(batch: ClaimedBatch) -> Iterator[Segment]:
     for group in batch.groups:
         for sample in group.samples:
             yield from sample.segments

@@ -26,16 +26,7 @@ bytes by ``Store.list_turn_arrays``, or as ``TurnRecord``):
   final sampled token is never fed back, so no routing exists for it. Positions no turn
   covered are zeros too. ``routed_experts`` is ``None`` when no turn carried any.
 
-Wire forms (``segment_to_json``), each carrying the same values:
-- ``format="json"``: plain lists.
-- ``format="b64v1"``: each array as ``{"dtype", "shape", "data"}`` with ``data`` the
-  base64 of the little-endian bytes (tokens ``<i4``, loss mask ``|u1``, logprobs ``<f4``,
-  routed experts the smallest of ``|u1``/``<u2``/``<i4`` holding every id), about 5x
-  smaller than json and decoded with one ``numpy.frombuffer`` each.
-- ``format="binv1"``: the arrays themselves (the same dtypes, except routed experts stay
-  in their stored dtype, unscanned), for ``recorder.binwire`` to send as raw bytes: no
-  base64 (a third larger than the bytes), no text to decode.
-``COMPACT_FORMATS`` lists the versions served.
+The wire forms of a segment are ``recorder.export_wire``'s (``segment_json``).
 
 A turn whose logprobs do not match its output ids, or whose routing shape differs from the
 segment's, breaks the alignment this module promises, so it raises ``RecorderError``.
@@ -43,29 +34,16 @@ segment's, breaks the alignment this module promises, so it raises ``RecorderErr
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from kernel.errors import InvalidRequest, RecorderError
-from recorder.codec import expert_dtype_for
+from kernel.errors import RecorderError
+from recorder.export_wire import Segment
 from recorder.records import TurnArrays, TurnRecord, TurnStatus
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Segment:
-    tokens: npt.NDArray[np.int32]
-    loss_mask: npt.NDArray[np.uint8]
-    logprobs: npt.NDArray[np.float32]
-    # [len(tokens), layers, top_k] in the widest stored dtype of its turns' rows
-    routed_experts: npt.NDArray[np.integer[Any]] | None
-    weight_versions: tuple[str, ...]  # one per turn in the segment
-    turn_ids: tuple[str, ...]
-    weight_version_spans: tuple[tuple[str, int, int], ...] = ()  # over segment positions
 
 
 @dataclass(slots=True)
@@ -171,85 +149,3 @@ def _assemble_routing(
         if end > start:
             out[start:end] = rows[: end - start]
     return out
-
-
-COMPACT_FORMATS = ("b64v1", "binv1")
-FORMATS = ("json", *COMPACT_FORMATS)
-
-
-def segment_to_json(
-    seg: Segment, format: str = "json", *, numpy_arrays: bool = False
-) -> Mapping[str, object]:
-    """The segment in a wire form; ``InvalidRequest`` for an unknown ``format``.
-
-    ``json`` and ``b64v1`` give JSON values; ``numpy_arrays`` leaves the json form's arrays
-    as numpy arrays, for callers that serialize with ``orjson.OPT_SERIALIZE_NUMPY`` (an order
-    of magnitude faster than building lists). ``binv1`` gives the arrays themselves, for
-    ``recorder.binwire.encode_frame`` to lay out.
-    """
-    if format not in FORMATS:
-        raise InvalidRequest(f"unknown format {format!r}: use one of {list(FORMATS)}")
-    common = {
-        "weight_versions": list(seg.weight_versions),
-        "weight_version_spans": [list(span) for span in seg.weight_version_spans],
-        "turn_ids": list(seg.turn_ids),
-    }
-    routed = seg.routed_experts
-    if format == "json":
-        # float64 so that the JSON numbers are the float32 values exactly, as recorded.
-        arrays = (seg.tokens, seg.loss_mask, seg.logprobs.astype(np.float64), routed)
-        return {
-            key: value.tolist() if value is not None and not numpy_arrays else value
-            for key, value in zip(_ARRAY_KEYS, arrays, strict=True)
-        } | common
-    if format == "binv1":
-        return {
-            "format": format,
-            "tokens": seg.tokens,
-            "loss_mask": seg.loss_mask,
-            "logprobs": seg.logprobs,
-            "routed_experts": None if routed is None else _wire_experts(routed),
-            **common,
-        }
-    return {
-        "format": format,
-        "tokens": _b64(seg.tokens),
-        "loss_mask": _b64(seg.loss_mask),
-        "logprobs": _b64(seg.logprobs),
-        "routed_experts": None if routed is None else _b64(_smallest(routed)),
-        **common,
-    }
-
-
-_ARRAY_KEYS = ("tokens", "loss_mask", "logprobs", "routed_experts")
-
-
-def decode_array(encoded: Mapping[str, object]) -> npt.NDArray[np.generic]:
-    """Inverse of the ``b64v1`` array encoding (for trainers and tests)."""
-    data = base64.b64decode(str(encoded["data"]))
-    shape = encoded["shape"]
-    assert isinstance(shape, list)
-    return np.frombuffer(data, dtype=np.dtype(str(encoded["dtype"]))).reshape(shape)
-
-
-def _smallest(rows: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.integer[Any]]:
-    if rows.dtype == np.uint8:
-        return rows  # nothing is smaller: skip the scan
-    dtype = {"uint8": "|u1", "uint16": "<u2", "int32": "<i4"}[expert_dtype_for(rows)]
-    return rows.astype(dtype, copy=False)
-
-
-def _wire_experts(rows: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.integer[Any]]:
-    """Stored dtypes travel as they are; anything else (records built in memory, int64)
-    is narrowed to the smallest stored dtype."""
-    if rows.dtype.str in ("|u1", "<u2", "<i4"):
-        return rows
-    return _smallest(rows)
-
-
-def _b64(array: npt.NDArray[Any]) -> dict[str, object]:
-    return {
-        "dtype": array.dtype.str,
-        "shape": list(array.shape),
-        "data": base64.b64encode(np.ascontiguousarray(array).data).decode("ascii"),
-    }

@@ -13,13 +13,15 @@ aligned one-to-one by position ``p``:
   token is never fed back, so it has no routing (and no logits of the trainer depend on
   it). ``None`` when the backend returned no routing.
 
-These are the dtypes the recorder stores and the claim delivers (``trainer_bridge.client``);
+These are the dtypes the recorder stores and the claim delivers (``recorder.export_wire``);
 a sample holds the claimed arrays themselves (read-only views of a ``binv1`` body), and
 ``trainer_bridge.packing`` widens them to torch's dtypes once, as it packs.
 
-``reward`` is the session's, shared by all its segments; ``group_id`` names the prompt
-group whose sessions are normalised together; ``session_id`` lets advantages count each
-session once however many segments it has; ``weight_versions`` is one entry per turn.
+``reward`` is the session's, shared by all its segments: a scalar (GRPO needs one, so a
+vector reward is ``Unsupported``; a delivered session without a reward is graded 0.0).
+``group_id`` names the prompt group whose sessions are normalised together;
+``session_id`` lets advantages count each session once however many segments it has;
+``weight_versions`` is one entry per turn.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer_bridge.client import ClaimedBatch, ExpertIds, Logprobs, LossMask, Tokens
+from kernel.errors import Unsupported
+from recorder.export_wire import ClaimedBatch, ClaimedSample, ExpertIds, Logprobs, LossMask, Tokens
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -50,6 +53,15 @@ class Sample:
         return int(np.count_nonzero(self.loss_mask))
 
 
+def _scalar_reward(sample: ClaimedSample) -> float:
+    if isinstance(sample.reward, tuple):
+        raise Unsupported(
+            f"session {sample.session_id} has a vector reward; the trainer needs one scalar"
+        )
+    # A delivered (finished, not excluded) session without a reward is graded 0.
+    return float(sample.reward or 0.0)
+
+
 def samples_from_batch(batch: ClaimedBatch) -> list[Sample]:
     """Every segment with at least one sampled token, in delivery order."""
     out: list[Sample] = []
@@ -64,7 +76,7 @@ def samples_from_batch(batch: ClaimedBatch) -> list[Sample]:
                         loss_mask=segment.loss_mask,
                         rollout_logprobs=segment.logprobs,
                         routed_experts=segment.routed_experts,
-                        reward=claimed.reward,
+                        reward=_scalar_reward(claimed),
                         group_id=group.group_id,
                         session_id=claimed.session_id,
                         weight_versions=segment.weight_versions,

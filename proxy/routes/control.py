@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator
 from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
 from proxy.settings import Settings
 from proxy.state import AppState
+from recorder.export_wire import segment_json
 from recorder.records import SessionSpec, Termination
-from recorder.trajectory import build_segments, segment_to_json
+from recorder.trajectory import build_segments
 
 
 class _Strict(BaseModel):
@@ -163,7 +164,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
                 }
                 for t in turns
             ],
-            "segments": [segment_to_json(s) for s in build_segments(turns)],
+            "segments": [segment_json(s) for s in build_segments(turns)],
             # Departures from token-exact continuation, so none of them goes unseen.
             "events": [
                 {

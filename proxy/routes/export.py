@@ -1,6 +1,6 @@
 """Export and run-control API for trainers (admin key): what issue 6's trainer consumes.
 
-Owns the export API's wire models and routes; storage lives in ``recorder.export``.
+Owns the export API's request models and routes; storage lives in ``recorder.export``.
 Errors use the control API's envelope (``{"error": {"message", "type", "param", "code"}}``).
 
     POST /api/v1/runs/{run_id}/weight_versions  {"version"}  -> {run_id, version, index, ...}
@@ -9,16 +9,17 @@ Errors use the control API's envelope (``{"error": {"message", "type", "param", 
     GET  /api/v1/runs/{run_id}/trajectories?cursor=&limit=&finished=&excluded=
                                                                    -> {"items", "next_cursor"}
     POST /api/v1/runs/{run_id}/claims?format=json|b64v1|binv1
-         {"groups", "max_staleness", "lease_s"}                    -> batch (SCHEMA_VERSION)
+         {"groups", "max_staleness", "lease_s"}                    -> batch
     POST /api/v1/batches/{batch_id}/ack                            -> {batch_id, acked}
     POST /api/v1/runs/{run_id}/alignment  {"step", "weight_version", "metrics", "flagged"}
     GET  /api/v1/runs/{run_id}/alignment                           -> {"reports": [...]}
 
 Claims flush this proxy's turn writer first, so a finished session's turns are in the
-database before its group is delivered. Array forms (``recorder.trajectory``): ``json``
-numbers, ``b64v1`` base64 text, ``binv1`` raw bytes in a framed body (``recorder.binwire``)
-that streams sample by sample; a binv1 claim that fails after its first byte ends the
-connection early, which its client detects (the batch's lease then expires as usual).
+database before its group is delivered. The claim's shape, its schema version and its
+three forms (``json`` numbers, ``b64v1`` base64 text, ``binv1`` raw bytes in a framed body
+that streams sample by sample) are ``recorder.export_wire``'s. A binv1 claim that fails
+after its first byte ends the connection early, which its client detects (the batch's
+lease then expires as usual).
 A claim response also carries ``stale_groups``: complete groups held back by
 ``max_staleness`` (they stay in the pool). The latest alignment step of each run is
 exported as ``lego_alignment_<metric>{run}`` gauges.
@@ -30,7 +31,7 @@ import asyncio
 import base64
 import binascii
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -43,16 +44,25 @@ from proxy.gate import RunGate
 from proxy.metrics import Metrics
 from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
 from proxy.settings import Settings
-from recorder import binwire
-from recorder.export import AlignmentReport, ClaimedGroup, ExportStore
+from recorder.export import AlignmentReport, Claim, ExportStore
+from recorder.export_wire import (
+    MEDIA_TYPE,
+    BatchHead,
+    ClaimedBatch,
+    ClaimedGroup,
+    ClaimedSample,
+    GroupHead,
+    binv1_head,
+    binv1_sample,
+    check_format,
+    claim_json,
+)
 from recorder.records import EXCLUDED_TERMINATIONS, SessionInfo
 from recorder.store import Store
-from recorder.trajectory import FORMATS, build_segments, segment_to_json
+from recorder.trajectory import build_segments
 from recorder.writer import TurnWriter
 
-SCHEMA_VERSION = 1  # of the claim response; pinned by a test, bump on any breaking change
 CLAIM_FLUSH_TIMEOUT_S = 10.0
-_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,9 +167,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
 
     async def claim(state: ExportState, request: Request) -> object:
         body = parse_body(ClaimBody, await request.body())
-        wire = request.query_params.get("format", "json")
-        if wire not in FORMATS:
-            raise InvalidRequest(f"format must be one of {list(FORMATS)}", param="format")
+        wire = check_format(request.query_params.get("format", "json"))
         run = await state.store.get_run(run_id(request))
         try:
             async with asyncio.timeout(CLAIM_FLUSH_TIMEOUT_S):
@@ -173,24 +181,27 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         state.metrics.export_lease_expiries.inc(result.reclaimed_groups)
         for group in result.groups:
             state.metrics.export_staleness.observe(group.staleness)
-        batch: dict[str, object] = {
-            "batch_id": result.batch_id,
-            "lease_expires_at": result.lease_expires_at,
-            "schema_version": SCHEMA_VERSION,
-            "format": wire,
-            "zero_variance_groups": result.zero_variance_groups,
-            "stale_groups": result.stale_groups,
-        }
-        if wire == "binv1":
-            frames = _binv1_claim(state, batch, result.groups)
-            return StreamingResponse(frames, media_type=binwire.MEDIA_TYPE)
         session_ids = [sid for group in result.groups for sid in group.session_ids]
-        samples = iter([sample async for sample in _samples(state, session_ids, wire)])
-        groups = [
-            {**_group_json(group), "samples": [next(samples) for _ in group.session_ids]}
-            for group in result.groups
-        ]
-        return {**batch, "groups": groups}
+        if wire == "binv1":
+            frames = _binv1_claim(state, _head(result, wire), session_ids)
+            return StreamingResponse(frames, media_type=MEDIA_TYPE)
+        samples = iter([sample async for sample in _samples(state, session_ids)])
+        groups = tuple(
+            ClaimedGroup(
+                g.group_id, g.task_id, tuple(next(samples) for _ in g.session_ids), g.staleness
+            )
+            for g in result.groups
+        )
+        return claim_json(
+            ClaimedBatch(
+                batch_id=result.batch_id,
+                groups=groups,
+                zero_variance_groups=result.zero_variance_groups,
+                stale_groups=result.stale_groups,
+                lease_expires_at=result.lease_expires_at,
+                format=wire,
+            )
+        )
 
     async def ack(state: ExportState, request: Request) -> object:
         batch_id = str(request.path_params["batch_id"])
@@ -234,57 +245,57 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
     return router
 
 
+def _head(result: Claim, wire: str) -> BatchHead:
+    return BatchHead(
+        batch_id=result.batch_id,
+        lease_expires_at=result.lease_expires_at,
+        format=wire,
+        zero_variance_groups=result.zero_variance_groups,
+        stale_groups=result.stale_groups,
+        groups=tuple(
+            GroupHead(g.group_id, g.task_id, g.staleness, len(g.session_ids)) for g in result.groups
+        ),
+    )
+
+
 async def _binv1_claim(
-    state: ExportState, batch: Mapping[str, object], groups: Sequence[ClaimedGroup]
+    state: ExportState, head: BatchHead, session_ids: Sequence[str]
 ) -> AsyncIterator[bytes | memoryview]:
     """The claim as binv1 frames: the batch, then each sample as soon as it is read."""
-    heads = [{**_group_json(g), "sample_count": len(g.session_ids)} for g in groups]
-    first, *rest = binwire.encode_frame({**batch, "groups": heads})
-    yield binwire.MAGIC + first
-    for part in rest:
+    for part in binv1_head(head):
         yield part
-    session_ids = [sid for group in groups for sid in group.session_ids]
-    async for sample in _samples(state, session_ids, "binv1"):
-        for part in binwire.encode_frame(sample):
+    async for sample in _samples(state, session_ids):
+        for part in binv1_sample(sample):
             yield part
 
 
-async def _samples(
-    state: ExportState, session_ids: Sequence[str], wire: str
-) -> AsyncIterator[dict[str, object]]:
+async def _samples(state: ExportState, session_ids: Sequence[str]) -> AsyncIterator[ClaimedSample]:
     """The samples in order, each read from the database while the previous one is
     handled (the database and the socket work at the same time)."""
     if not session_ids:
         return
-    ahead = asyncio.create_task(_sample(state, session_ids[0], wire))
+    ahead = asyncio.create_task(_sample(state, session_ids[0]))
     try:
         for following in [*session_ids[1:], None]:
             sample = await ahead
             if following is not None:
-                ahead = asyncio.create_task(_sample(state, following, wire))
+                ahead = asyncio.create_task(_sample(state, following))
             yield sample
     finally:
         ahead.cancel()  # the client went away mid-claim: nothing will read it
 
 
-def _group_json(group: ClaimedGroup) -> dict[str, object]:
-    return {"group_id": group.group_id, "task_id": group.task_id, "staleness": group.staleness}
-
-
-async def _sample(state: ExportState, session_id: str, wire: str) -> dict[str, object]:
+async def _sample(state: ExportState, session_id: str) -> ClaimedSample:
     session: SessionInfo = await state.store.get_session(session_id)
     turns = await state.store.list_turn_arrays(session_id)
-    reward = list(session.reward) if isinstance(session.reward, tuple) else session.reward
-    return {
-        "session_id": session.id,
-        "sample_index": session.spec.sample_index,
-        "reward": reward,
-        "reward_details": session.reward_details,
-        "termination": session.termination,
-        "segments": [
-            segment_to_json(seg, wire, numpy_arrays=True) for seg in build_segments(turns)
-        ],
-    }
+    return ClaimedSample(
+        session_id=session.id,
+        sample_index=session.spec.sample_index,
+        reward=session.reward,
+        termination=session.termination,
+        segments=tuple(build_segments(turns)),
+        reward_details=session.reward_details,
+    )
 
 
 def _alignment_json(report: AlignmentReport) -> dict[str, object]:

@@ -19,10 +19,9 @@ from kernel.errors import Overloaded
 from kernel.threaded import free_port, serve
 from proxy.app import create_app
 from proxy.gate import RunGate
-from proxy.routes.export import SCHEMA_VERSION
 from proxy.settings import Settings
+from recorder.export_wire import SCHEMA_VERSION, decode_claim
 from recorder.scratch_postgres import PostgresServer
-from recorder.trajectory import decode_array
 from tests.proxy.conftest import ADMIN_KEY, Proxy
 from tests.support.tap import BackendTap
 
@@ -95,7 +94,7 @@ def test_claims_deliver_complete_groups_once_with_the_trajectory_segments(proxy:
     batch = claim(proxy, run)
 
     assert set(batch) == CLAIM_KEYS
-    assert batch["schema_version"] == SCHEMA_VERSION == 1
+    assert batch["schema_version"] == SCHEMA_VERSION
     assert batch["zero_variance_groups"] == 0
     (delivered,) = batch["groups"]
     assert (delivered["group_id"], delivered["task_id"]) == ("g1", "task-g1")
@@ -124,21 +123,22 @@ def test_the_compact_format_decodes_to_the_json_arrays(proxy: Proxy) -> None:
     finish(proxy, session, "completed", 0.25)
     expected = proxy.trajectory(session["id"])["segments"]
 
-    batch = claim(proxy, run, fmt="b64v1")
+    response = proxy.admin.post(f"/api/v1/runs/{run}/claims?format=b64v1", json={"groups": 1})
+    raw = response.raise_for_status().json()
+    batch = decode_claim(response.content)
 
-    (segment,) = batch["groups"][0]["samples"][0]["segments"]
+    assert raw["format"] == raw["groups"][0]["samples"][0]["segments"][0]["format"] == "b64v1"
+    (segment,) = batch.groups[0].samples[0].segments
     (want,) = expected
-    assert batch["format"] == segment["format"] == "b64v1"
-    assert decode_array(segment["tokens"]).tolist() == want["tokens"]
-    assert decode_array(segment["loss_mask"]).tolist() == want["loss_mask"]
-    logprobs = decode_array(segment["logprobs"])
-    assert logprobs.dtype == np.float32
-    assert logprobs.astype(np.float64).tolist() == want["logprobs"]
+    assert segment.tokens.tolist() == want["tokens"]
+    assert segment.loss_mask.tolist() == want["loss_mask"]
+    assert segment.logprobs.dtype == np.float32
+    assert segment.logprobs.astype(np.float64).tolist() == want["logprobs"]
     if want["routed_experts"] is not None:
-        routed = decode_array(segment["routed_experts"])
-        assert routed.dtype.itemsize <= 2
-        assert routed.astype(np.int32).tolist() == want["routed_experts"]
-    assert segment["turn_ids"] == want["turn_ids"]
+        assert segment.routed_experts is not None
+        assert segment.routed_experts.dtype.itemsize <= 2
+        assert segment.routed_experts.astype(np.int32).tolist() == want["routed_experts"]
+    assert list(segment.turn_ids) == want["turn_ids"]
     bad = proxy.admin.post(f"/api/v1/runs/{run}/claims?format=xml", json={"groups": 1})
     assert bad.status_code == 400
 

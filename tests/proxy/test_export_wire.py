@@ -20,14 +20,14 @@ from proxy.gate import RunGate
 from proxy.metrics import Metrics
 from proxy.routes import export
 from proxy.settings import Settings
-from recorder import binwire
 from recorder.export import ExportStore
+from recorder.export_wire import MAGIC, MEDIA_TYPE, Segment
 from recorder.records import RoutedExperts, SessionSpec, TurnRecord, TurnStatus
 from recorder.store import Store
-from recorder.trajectory import Segment, build_segments
+from recorder.trajectory import build_segments
 from recorder.writer import TurnWriter
 from tests.recorder.builders import make_turn
-from trainer_bridge.client import ClaimedSegment, ExportClient
+from trainer_bridge.client import ExportClient
 
 ADMIN_KEY = "wire-admin-key"
 LAYERS, TOP_K = 3, 2
@@ -119,9 +119,10 @@ async def record_group(database_url: str) -> tuple[str, dict[str, list[Segment]]
     return run.id, expected
 
 
-def assert_same_arrays(got: ClaimedSegment, want: Segment) -> None:
+def assert_same_arrays(got: Segment, want: Segment) -> None:
     assert got.turn_ids == want.turn_ids
     assert got.weight_versions == want.weight_versions
+    assert got.weight_version_spans == want.weight_version_spans
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.loss_mask, want.loss_mask.astype(bool))
     # Recorded as float32: the delivered values are those float32 values, exactly.
@@ -164,9 +165,9 @@ async def test_binv1_streams_the_stored_expert_dtypes(server: str, database_url:
         )
 
     assert response.status_code == 200
-    assert response.headers["content-type"] == binwire.MEDIA_TYPE
+    assert response.headers["content-type"] == MEDIA_TYPE
     assert response.headers.get("transfer-encoding") == "chunked"  # streamed, not buffered
-    assert response.content.startswith(binwire.MAGIC)
+    assert response.content.startswith(MAGIC)
     # uint8 rows for the first session, uint16 for the second: never widened to int32.
     assert b'"routed_experts":{"dtype":"|u1"' in response.content
     assert b'"routed_experts":{"dtype":"<u2"' in response.content

@@ -5,7 +5,9 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
+import numpy.typing as npt
 
+from recorder.export_wire import Segment
 from recorder.records import RoutedExperts, TurnRecord, TurnStatus, TurnTimings
 
 
@@ -67,4 +69,20 @@ def rich_turn(session_id: str, seq: int, routed: RoutedExperts | None) -> TurnRe
         timings=TurnTimings(
             received_at=1_760_000_000.123456, first_token_s=0.25, finished_s=1.5, backend_s=1.25
         ),
+    )
+
+
+def segment(n: int = 4, *, experts: npt.DTypeLike | None = np.uint8, base: int = 0) -> Segment:
+    routed = None
+    if experts is not None:
+        routed = (np.arange(n * 3 * 2).reshape(n, 3, 2) + base).astype(experts)
+    return Segment(
+        tokens=np.arange(100, 100 + n, dtype=np.int32),
+        loss_mask=np.array([i % 2 for i in range(n)], dtype=np.uint8),
+        # float32 values that a float64 detour would change if anything rounded them
+        logprobs=np.array([-0.1 * i - 1e-7 for i in range(n)], dtype=np.float32),
+        routed_experts=routed,
+        weight_versions=("v1", "v2"),
+        turn_ids=("t1", "t2"),
+        weight_version_spans=(("v1", 1, 2), ("v2", 3, n)),
     )

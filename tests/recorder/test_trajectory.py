@@ -1,9 +1,11 @@
-"""build_segments / segment_to_json: alignment of tokens, mask, logprobs and routing."""
+"""build_segments: alignment of tokens, mask, logprobs and routing.
+
+Their wire forms are tested in ``test_export_wire``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import replace
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 
 from kernel.errors import RecorderError
 from recorder.records import RoutedExperts, TurnArrays, TurnRecord, TurnStatus
-from recorder.trajectory import build_segments, decode_array, segment_to_json
+from recorder.trajectory import build_segments
 from tests.recorder.builders import experts, make_turn
 
 
@@ -163,24 +165,6 @@ def test_mismatched_routing_shapes_are_refused() -> None:
         build_segments([first, second])
 
 
-def test_segment_to_json_is_plain_json() -> None:
-    turn = make_turn(
-        "s", 0, prompt=(1, 2), output=(3,), logprobs=(-0.5,), routed=experts(0, rows(2, 1))
-    )
-    plain = build_segments([make_turn("s", 0, prompt=(1,), output=(2,), logprobs=(-1.0,))])[0]
-
-    data = segment_to_json(build_segments([turn])[0])
-
-    assert json.loads(json.dumps(data)) == data
-    assert data["tokens"] == [1, 2, 3]
-    assert data["loss_mask"] == [0, 0, 1]
-    assert data["logprobs"] == [0.0, 0.0, -0.5]
-    assert data["routed_experts"] == [*rows(2, 1), [[0, 0], [0, 0]]]
-    assert data["weight_versions"] == ["w0"]
-    assert data["turn_ids"] == [turn.id]
-    assert segment_to_json(plain)["routed_experts"] is None
-
-
 def test_the_segment_a_root_began_comes_first() -> None:
     """A side request recorded before the main conversation (re-labelled) comes after it."""
     title = replace(
@@ -232,46 +216,4 @@ def test_an_empty_turn_gives_an_empty_aligned_segment() -> None:
     assert seg.routed_experts is not None
     assert seg.routed_experts.shape == (0, 2, 2)
     assert seg.weight_version_spans == ()
-    for wire in ("json", "b64v1", "binv1"):
-        data = segment_to_json(seg, wire)
-        assert data["turn_ids"] == [turn.id]
-
-
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32])
-def test_every_wire_form_carries_the_same_arrays(dtype: type[np.integer]) -> None:
-    """Several turns in one segment and a fork, routing stored as ``dtype``: json numbers,
-    b64v1 text and binv1 arrays hold the same values, bit for bit."""
-    base = 1000 if dtype is not np.uint8 else 10
-    main1 = make_turn("s", 0, prompt=(1, 2, 3), output=(4, 5), routed=experts(0, rows(4, base)))
-    side = make_turn("s", 1, prompt=(1, 2, 99), output=(98,), routed=experts(0, rows(3, base)))
-    main2 = make_turn(
-        "s",
-        2,
-        prompt=(1, 2, 3, 4, 5, 6),
-        output=(7, 8),
-        logprobs=(-0.1, -1e-7),
-        routed=experts(4, rows(3, base + 7)),
-    )
-    segments = build_segments([as_stored(t, dtype) for t in (main1, side, main2)])
-    assert [seg.turn_ids for seg in segments] == [(main1.id, main2.id), (side.id,)]
-
-    for seg in segments:
-        plain = segment_to_json(seg)
-        compact = segment_to_json(seg, "b64v1")
-        binary = segment_to_json(seg, "binv1")
-        for key in ("tokens", "loss_mask", "logprobs", "routed_experts"):
-            want = np.asarray(plain[key])
-            np.testing.assert_array_equal(decode_array(compact[key]), want, strict=False)
-            assert isinstance(binary[key], np.ndarray)
-            np.testing.assert_array_equal(binary[key], want)
-        routed = binary["routed_experts"]
-        assert isinstance(routed, np.ndarray)
-        assert routed.dtype == dtype  # binv1 carries the stored dtype as it is
-        # b64v1 keeps its contract: the smallest dtype that holds every id.
-        assert decode_array(compact["routed_experts"]).dtype.itemsize == (
-            1 if dtype is np.uint8 else 2
-        )
-        logprobs = binary["logprobs"]
-        assert isinstance(logprobs, np.ndarray)
-        assert logprobs.dtype == np.float32
-        assert plain["logprobs"] == logprobs.astype(np.float64).tolist()
+    assert seg.turn_ids == (turn.id,)
