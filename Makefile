@@ -22,10 +22,10 @@ harness-install:  ## the four real harness CLIs, pinned, into ~/.cache/lego-prox
 test-harness: install harness-install  ## Claude Code, OpenCode, Codex, OpenHands end to end (CI's last stage)
 	$(PY) -m pytest -q -m harness tests/harness
 
-lint:
+lint:  ## ruff, lint and format, over everything
 	ruff check . && ruff format --check .
 
-typecheck:
+typecheck:  ## mypy --strict over the packages, the tests and the benchmarks
 	mypy
 
 check: lint typecheck test

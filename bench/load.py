@@ -52,6 +52,12 @@ class Tally:
     completed: dict[str, int] = field(default_factory=dict)  # session id -> turns received
 
 
+def _stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+        process.wait(timeout=60)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -261,7 +267,7 @@ def run(args: argparse.Namespace) -> None:
         args.database_url = asyncio.run(server.create_database("lego_load"))
         asyncio.run(upgrade_database(args.database_url))
         processes: list[subprocess.Popen[bytes]] = []
-        stack.callback(lambda: [p.terminate() or p.wait(timeout=60) for p in processes])
+        stack.callback(_stop_all, processes)
         env = {**os.environ, "LEGO_DATA_DIR": str(root)}
         engine_port = free_port()
         engine = f"http://127.0.0.1:{engine_port}"

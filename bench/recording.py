@@ -121,7 +121,7 @@ async def table_bytes(store: Store) -> int:
 
 async def ingest(
     url: str, args: argparse.Namespace, spool_dir: Path
-) -> tuple[str, dict[str, float]]:
+) -> tuple[str, dict[str, float | int | str]]:
     await upgrade_database(url)
     store = await Store.open(url)
     run = await store.create_run(f"bench-{uuid.uuid4().hex[:6]}")

@@ -70,7 +70,7 @@ def run(turns: int, result_chars: int, root: Path) -> None:
                 cast_to=dict,
             )
             client = openai.OpenAI(base_url=session["openai_base_url"], api_key="x")
-            messages: list[dict[str, Any]] = [
+            messages: list[Any] = [
                 {"role": "system", "content": "You are a coding agent. " * 20},
                 {"role": "user", "content": "Fix the failing test."},
             ]
@@ -79,8 +79,13 @@ def run(turns: int, result_chars: int, root: Path) -> None:
             for turn in range(turns):
                 body = {"model": "m", "messages": messages, "tools": [TOOL]}
                 sent += len(json.dumps(body, separators=(",", ":")))
-                reply = client.chat.completions.create(**body).choices[0].message
-                (call,) = reply.tool_calls or ()
+                reply = (
+                    client.chat.completions.create(model="m", messages=messages, tools=[TOOL])
+                    .choices[0]
+                    .message
+                )
+                assert reply.tool_calls, reply
+                (call,) = reply.tool_calls
                 filler = f"result {turn}: " + "x" * result_chars
                 messages += [
                     reply.model_dump(exclude_none=True),

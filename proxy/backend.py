@@ -134,18 +134,6 @@ class SGLangBackend:
         self._inflight: dict[str, _Worker] = {}  # rid -> worker, so an abort finds it
         self._prober: asyncio.Task[None] | None = None
 
-    @property
-    def base_url(self) -> str:
-        return next(iter(self._workers))
-
-    @property
-    def worker_urls(self) -> tuple[str, ...]:
-        return tuple(self._workers)
-
-    @property
-    def captures_experts(self) -> bool:
-        return self._experts is not None
-
     def is_up(self, url: str) -> bool:
         return self._workers[url.rstrip("/")].up
 
@@ -183,9 +171,6 @@ class SGLangBackend:
         for url, up in zip(urls, answers, strict=True):
             self._mark(self._workers[url], up)
         return dict(zip(urls, answers, strict=True))
-
-    async def healthy(self) -> bool:
-        return any((await self.probe()).values())
 
     async def _answers(self, url: str) -> bool:
         try:

@@ -31,9 +31,6 @@ class RunGate:
         self._retry_after_s = retry_after_s
         self._resumed: dict[str, asyncio.Event] = {}  # paused runs -> set on resume
 
-    def is_paused(self, run_id: str) -> bool:
-        return run_id in self._resumed
-
     def pause(self, run_id: str) -> None:
         self._resumed.setdefault(run_id, asyncio.Event())
 

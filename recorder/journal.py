@@ -8,8 +8,9 @@ turns whose responses the harness already has. The journal closes that window.
 Contract:
 - ``await append(row)`` returns once ``row`` is fsync'd in this proxy's journal directory.
   Concurrent appends share one write + fsync (group commit) in a worker thread, so the
-  cost per turn is a fraction of an fsync under load. It never raises: a disk that refuses
-  is logged and counted (``failures``), and the turn still goes to the database as usual.
+  cost per turn is a fraction of an fsync under load; ``flushes`` counts those writes. It
+  never raises: a disk that refuses is logged and counted (``failures``), and the turn
+  still goes to the database as usual.
 - ``await release(ids)`` is called once those turns are settled (in the database, in the
   spool, or dropped as unstorable); segments whose every turn is released are deleted.
   Segments rotate after ``rotate_records`` turns or ``rotate_age_s`` seconds.
@@ -48,6 +49,7 @@ class Journal:
         self._open_since = 0.0
         self._closed: list[tuple[Path, set[str]]] = []  # rotated segments, ids not released
         self.appended = 0
+        self.flushes = 0  # write + fsync rounds, each covering every append waiting then
         self.failures = 0
 
     @property
@@ -71,6 +73,7 @@ class Journal:
             rows = [row for row, _ in batch]
             async with self._lock:
                 try:
+                    self.flushes += 1
                     await asyncio.to_thread(self._spool.append, rows)
                 except OSError as exc:
                     # Deliberately swallowed: the turns still reach the database through the

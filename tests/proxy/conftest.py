@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from engine.config import EngineConfig
 from engine.loopback import running_engine
@@ -58,7 +59,7 @@ SCRIPT: dict[str, Any] = {
     "default": DEFAULT_REPLY,
 }
 
-SHELL_TOOL: dict[str, Any] = {
+SHELL_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "bash",
@@ -70,7 +71,7 @@ SHELL_TOOL: dict[str, Any] = {
         },
     },
 }
-READ_TOOL: dict[str, Any] = {
+READ_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "read",

@@ -16,6 +16,8 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
+from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 from transformers import AutoTokenizer
 
 from tests.proxy.conftest import (
@@ -113,7 +115,10 @@ def test_streamed_tool_call_with_reasoning(proxy: Proxy, tap: BackendTap) -> Non
         stream=True,
         stream_options={"include_usage": True},
     )
-    reasoning, content, calls, finish, usage = [], [], [], None, None
+    reasoning: list[str] = []
+    content: list[str] = []
+    calls: list[ChoiceDeltaToolCall] = []
+    finish, usage = None, None
     chunks = 0
     for chunk in stream:
         chunks += 1
@@ -152,6 +157,7 @@ def test_multi_turn_tool_loop_extends_one_segment(proxy: Proxy, tap: BackendTap)
     messages: list[Any] = [{"role": "user", "content": "CALL_TOOL and then report"}]
     first = client.chat.completions.create(model="m", messages=messages, tools=[SHELL_TOOL])
     call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     arguments = json.dumps(json.loads(call.function.arguments), separators=(",", ":"))
     messages.append(
         {

@@ -311,12 +311,16 @@ def test_previous_response_id_resolves_on_any_replica(
             # the next one knows nothing of it but what the database holds.
             trajectory(group.url(step - 1), session_id)
             call = next(item for item in response.output if item.type == "function_call")
-            output: Any = {"type": "function_call_output", "call_id": call.call_id}
+            output: Any = {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": f"RESULT_{step}",
+            }
             response = client(step).responses.create(
                 model="m",
                 instructions="Be brief.",
                 previous_response_id=response.id,
-                input=[{**output, "output": f"RESULT_{step}"}],
+                input=[output],
                 tools=[tool],
             )
         final = trajectory(group.url(2), session_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt
@@ -200,7 +201,9 @@ def test_frame_arrays_travel_as_their_bytes_at_aligned_offsets() -> None:
     assert len(frame) % ALIGN == 0  # so the next frame starts aligned too
     meta, payload = split(frame)
     assert (len(frame) - len(payload)) % ALIGN == 0  # the payload starts aligned
-    [described] = meta["segments"]  # type: ignore[misc]
+    segments = meta["segments"]
+    assert isinstance(segments, list)
+    [described] = segments
     for key, array in (("t", tokens), ("m", mask), ("r", routed)):
         ref = described[key]
         assert (ref["dtype"], ref["shape"]) == (array.dtype.str, list(array.shape))
@@ -232,7 +235,7 @@ def _b64(array: npt.NDArray[np.generic]) -> dict[str, object]:
     return {"dtype": array.dtype.str, "shape": list(array.shape), "data": data}
 
 
-def _json_claim(seg: dict[str, object], **batch_fields: object) -> bytes:
+def _json_claim(seg: Mapping[str, object], **batch_fields: object) -> bytes:
     sample = {"session_id": "s1", "reward": 1.0, "segments": [seg]}
     group = {"group_id": "g", "task_id": "t", "samples": [sample]}
     return orjson.dumps({"batch_id": "b1", "schema_version": 1, "groups": [group]} | batch_fields)
@@ -246,9 +249,10 @@ def test_arrays_in_other_dtypes_are_converted_exactly() -> None:
         "routed_experts": _b64(np.array([[[0, 1]], [[2, 3]], [[4, 5]], [[0, 300]]], dtype=">u2")),
     }
     (got,) = decode_claim(_json_claim(seg)).groups[0].samples[0].segments
-    assert (got.tokens.dtype, got.tokens.tolist()) == (np.int32, [5, 6, 7, 8])
-    assert (got.loss_mask.dtype, got.loss_mask.tolist()) == (np.uint8, [0, 0, 1, 1])
-    assert (got.logprobs.dtype, got.logprobs.tolist()) == (np.float32, [0.0, 0.0, -0.5, -1.25])
+    np.testing.assert_array_equal(got.tokens, np.array([5, 6, 7, 8], np.int32), strict=True)
+    np.testing.assert_array_equal(got.loss_mask, np.array([0, 0, 1, 1], np.uint8), strict=True)
+    want = np.array([0.0, 0.0, -0.5, -1.25], np.float32)
+    np.testing.assert_array_equal(got.logprobs, want, strict=True)
     assert got.routed_experts is not None
     assert got.routed_experts.dtype == np.uint16  # in native byte order
     assert got.routed_experts[:, 0].tolist() == [[0, 1], [2, 3], [4, 5], [0, 300]]

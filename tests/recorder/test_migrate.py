@@ -7,6 +7,7 @@ import dataclasses
 import socket
 import uuid
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -141,7 +142,7 @@ async def test_requests_stored_before_0005_stay_readable_and_downgrade_rebuilds_
 ) -> None:
     system = {"role": "system", "content": "Be brief."}
     user = {"role": "user", "content": "Fix it."}
-    answer = {"reasoning": None, "content": "Done.", "tool_calls": []}
+    answer: dict[str, Any] = {"reasoning": None, "content": "Done.", "tool_calls": []}
     echoed = {**answer, "role": "assistant", "tool_calls": [], "tool_call_id": None, "name": None}
     follow = {"role": "user", "content": "Thanks."}
     root_request = {"adapter": "openai_chat", "model": "m", "messages": [system, user]}

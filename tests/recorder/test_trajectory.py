@@ -49,11 +49,11 @@ def test_single_turn_segment() -> None:
     assert seg.tokens.tolist() == [10, 11, 12, 13, 14]
     assert seg.loss_mask.tolist() == [0, 0, 0, 1, 1]
     assert seg.logprobs.tolist() == [0.0, 0.0, 0.0, -0.25, -0.5]
-    assert (seg.tokens.dtype, seg.loss_mask.dtype, seg.logprobs.dtype) == (
-        np.int32,
-        np.uint8,
-        np.float32,
-    )
+    assert [seg.tokens.dtype, seg.loss_mask.dtype, seg.logprobs.dtype] == [
+        np.dtype(np.int32),
+        np.dtype(np.uint8),
+        np.dtype(np.float32),
+    ]
     assert seg.weight_versions == ("v1",)
     assert seg.turn_ids == (turn.id,)
     assert seg.routed_experts is not None

@@ -30,7 +30,7 @@ from kernel.errors import (
     RecorderError,
     Unsupported,
 )
-from proxy.adapters.base import Adapter, StreamState
+from proxy.adapters.base import StreamState
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
 from proxy.canonical import (
     AssistantTurn,
@@ -206,11 +206,6 @@ TOOL_EVENTS: list[OutputEvent] = [
 
 
 # -- request: realistic bodies ---------------------------------------------------------------
-
-
-def test_satisfies_the_adapter_protocol() -> None:
-    hooks: Adapter = OpenAIChatAdapter()
-    assert hooks.name == "openai_chat"
 
 
 def test_opencode_request(adapter: OpenAIChatAdapter) -> None:

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from engine.tiny import build_tokenizer
 from proxy.canonical import ChatRequest, Message, ToolCall, ToolSpec
 from proxy.ledger import LedgerBook, PromptPlan
+from proxy.tokens import TokenIds
 
 BASH = ToolSpec(
     name="bash",
@@ -99,7 +100,7 @@ class Driver:
     book: LedgerBook
     tokenizer: PreTrainedTokenizerBase
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    tokens: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    tokens: dict[str, TokenIds] = field(default_factory=dict)
     plans: list[PromptPlan] = field(default_factory=list)
 
     def turn(

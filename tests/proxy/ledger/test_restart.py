@@ -151,7 +151,7 @@ async def test_a_rebuilt_ledger_extends_with_the_same_ids(
     assert got.prompt_ids == expected.prompt_ids
     assert got.parent_turn_id == expected.parent_turn_id == records[2].id
     assert got.prompt_ids[: len(records[2].prompt_ids) + len(records[2].output_ids)] == (
-        records[2].prompt_ids + records[2].output_ids
+        tuple(records[2].prompt_ids) + records[2].output_ids
     )
     retry = request(SUB, Message(role="user", content="Search."), tools=())
     assert rebuilt.plan(session.id, retry).prompt_ids == records[1].prompt_ids
