@@ -56,8 +56,9 @@ from kernel.errors import Conflict, InvalidRequest, RecorderError
 from recorder.journal import Journal
 from recorder.metrics import RecorderMetrics
 from recorder.records import TurnRecord
+from recorder.rows import StoredTurn, encode_turn
 from recorder.spool import Spool
-from recorder.store import Store, StoredTurn, encode_turn
+from recorder.store import Store
 
 log = logging.getLogger(__name__)
 

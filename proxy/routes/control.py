@@ -23,6 +23,7 @@ from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, se
 from proxy.settings import Settings
 from proxy.state import AppState
 from recorder.records import SessionSpec, Termination
+from recorder.rows import SideRequests
 from recorder.trajectory import build_segments, segment_to_json
 
 
@@ -138,7 +139,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         await state.writer.flush()
         session = await state.store.get_session(request.path_params["session_id"])
         turns = await state.store.list_turns(session.id)
-        relabelled_by = {named: t.id for t in turns for named in t.side_requests}
+        relabelled_by = SideRequests.of((t.id, t.side_requests) for t in turns).named_by
         return {
             **session_json(session, public_url),
             "turns": [

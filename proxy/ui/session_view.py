@@ -23,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from kernel.errors import NotFound
 from recorder import codec
 from recorder.conversations import Conversation, StoredRequest, rebuild
+from recorder.rows import SideRequests
 from recorder.schema import sessions, turns
-from recorder.store import SIDE_REQUEST_CLASSIFICATION, SIDE_REQUEST_REASON
 
 MAX_TOKENS = 2000  # per turn; the rest is summarized, so a long answer stays readable
 TokenDecoder = Callable[[int], str]
@@ -144,14 +144,13 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
         parent = row.parent_turn_id if row.parent_turn_id in by_id else None
         children.setdefault(parent, []).append(row)
     conversations = rebuild(session_id, (StoredRequest.of_row(row) for row in rows))
-    # Roots a later turn showed to be side requests, even if that turn's row came first.
-    relabelled = {turn_id for row in rows for turn_id in row.side_requests or ()}
+    labels = SideRequests.of_rows(row._mapping for row in rows)
 
     views: list[TurnView] = []
     stack = [(row, 0) for row in reversed(children.get(None, []))]
     while stack:
         row, depth = stack.pop()
-        views.append(_turn_view(row, depth, conversations, decode, row.id in relabelled))
+        views.append(_turn_view(row, depth, conversations, decode, labels))
         stack.extend((child, depth + 1) for child in reversed(children.get(row.id, [])))
     return SessionView(
         id=str(session.id),
@@ -172,7 +171,7 @@ def _turn_view(
     depth: int,
     conversations: Mapping[str, Conversation],
     decode: TokenDecoder,
-    relabelled: bool,
+    labels: SideRequests,
 ) -> TurnView:
     parent = conversations.get(row.parent_turn_id) if row.parent_turn_id else None
     # A continuation repeats its parent's messages and reply; show only what it added.
@@ -181,9 +180,7 @@ def _turn_view(
     output_ids = codec.decode_ids(row.output_ids)
     logprobs = codec.decode_logprobs(row.logprobs)
     shown = zip(output_ids[:MAX_TOKENS], logprobs[:MAX_TOKENS], strict=False)
-    classification, fork_reason = str(row.classification), row.fork_reason
-    if relabelled and classification == "root":  # as Store.list_turns reads it
-        classification, fork_reason = SIDE_REQUEST_CLASSIFICATION, SIDE_REQUEST_REASON
+    classification, fork_reason = labels.label(row.id, row.classification, row.fork_reason)
     return TurnView(
         id=str(row.id),
         seq=int(row.seq),
