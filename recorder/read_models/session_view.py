@@ -1,33 +1,34 @@
 """One session as the Live UI shows it: the tree of turns, with what each turn saw and did.
 
-Contract: ``load_session(engine, session_id, decode)`` raises ``NotFound`` for an unknown
-session and otherwise returns a ``SessionView`` in two SQL statements. Turns come in tree
+Contract: ``load_session(store, session_id)`` raises ``NotFound`` for an unknown session
+and otherwise returns a ``SessionView`` in two SQL statements: the session's reward as the
+recorder's reward rule reads it (a vector as a tuple of floats), and its turns in tree
 order (depth-first from each root, children by seq) with their depth, classification and
-fork reason, the messages the turn added to its parent's conversation (all of them for a
-root; whole requests are rebuilt from linear storage, ``recorder.conversations``), the
-reply's text, reasoning and tool calls, the finish reason, the timings, and
-up to ``MAX_TOKENS`` sampled tokens with their logprobs. ``decode`` turns one token id
-into its text (the served tokenizer); it is only called for the tokens shown.
+fork reason (re-labels applied, ``recorder.rows.SideRequests``), the messages the turn
+added to its parent's conversation (all of them for a root; whole requests are rebuilt
+from linear storage, ``recorder.conversations``), the reply's text, reasoning and tool
+calls, the finish reason, the timings, and up to ``MAX_TOKENS`` sampled tokens as (token
+id, logprob). Token text is not the recorder's to know: whoever renders the page decodes
+the ids with the served tokenizer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from kernel.errors import NotFound
 from recorder import codec
 from recorder.conversations import Conversation, StoredRequest, rebuild
-from recorder.rows import SideRequests
+from recorder.rows import Reward, SideRequests, reward_of
 from recorder.schema import sessions, turns
+from recorder.store import Store
 
 MAX_TOKENS = 2000  # per turn; the rest is summarized, so a long answer stays readable
-TokenDecoder = Callable[[int], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ class ShownMessage:
 
 @dataclass(frozen=True, slots=True)
 class SampledToken:
-    text: str
+    token_id: int
     logprob: float
 
 
@@ -79,7 +80,7 @@ class SessionView:
     harness: str
     status: str
     termination: str | None
-    reward: float | None
+    reward: Reward
     turns: tuple[TurnView, ...]
 
 
@@ -103,7 +104,7 @@ def _json(blob: bytes) -> Any:
     return orjson.loads(blob) if blob else {}
 
 
-async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecoder) -> SessionView:
+async def load_session(store: Store, session_id: str) -> SessionView:
     query = (
         select(
             turns.c.id,
@@ -132,7 +133,7 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
         .where(turns.c.session_id == session_id)
         .order_by(turns.c.seq)
     )
-    async with engine.connect() as conn:
+    async with store.engine.connect() as conn:
         session = (await conn.execute(select(sessions).where(sessions.c.id == session_id))).first()
         if session is None:
             raise NotFound(f"no session {session_id!r}")
@@ -150,7 +151,7 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
     stack = [(row, 0) for row in reversed(children.get(None, []))]
     while stack:
         row, depth = stack.pop()
-        views.append(_turn_view(row, depth, conversations, decode, labels))
+        views.append(_turn_view(row, depth, conversations, labels))
         stack.extend((child, depth + 1) for child in reversed(children.get(row.id, [])))
     return SessionView(
         id=str(session.id),
@@ -161,7 +162,7 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
         harness=str(session.harness),
         status=str(session.status),
         termination=session.termination,
-        reward=None if session.reward is None else float(session.reward),
+        reward=reward_of(session.reward, session.reward_vector),
         turns=tuple(views),
     )
 
@@ -170,7 +171,6 @@ def _turn_view(
     row: Any,
     depth: int,
     conversations: Mapping[str, Conversation],
-    decode: TokenDecoder,
     labels: SideRequests,
 ) -> TurnView:
     parent = conversations.get(row.parent_turn_id) if row.parent_turn_id else None
@@ -193,7 +193,7 @@ def _turn_view(
         weight_version=str(row.weight_version),
         adapter=str(row.adapter),
         error=row.error,
-        prompt_tokens=int(row.prompt_offset) + len(row.prompt_ids) // 4,
+        prompt_tokens=int(row.prompt_offset) + len(row.prompt_ids) // codec.ID_BYTES,
         output_tokens=len(output_ids),
         malformed_tool_calls=int(row.malformed_tool_calls),
         first_token_s=row.first_token_s,
@@ -201,5 +201,5 @@ def _turn_view(
         backend_s=row.backend_s,
         new_messages=tuple(_message(m, "user") for m in messages if isinstance(m, Mapping)),
         reply=_message(_json(row.response_message)),
-        tokens=tuple(SampledToken(decode(i), lp) for i, lp in shown),
+        tokens=tuple(SampledToken(i, lp) for i, lp in shown),
     )
