@@ -6,10 +6,10 @@ recorder's reward rule reads it (a vector as a tuple of floats), and its turns i
 order (depth-first from each root, children by seq) with their depth, classification and
 fork reason (re-labels applied, ``recorder.rows.SideRequests``), the messages the turn
 added to its parent's conversation (all of them for a root; whole requests are rebuilt
-from linear storage, ``recorder.conversations``), the reply's text, reasoning and tool
-calls, the finish reason, the timings, and up to ``MAX_TOKENS`` sampled tokens as (token
-id, logprob). Token text is not the recorder's to know: whoever renders the page decodes
-the ids with the served tokenizer.
+from linear storage, ``recorder.conversations``), the recorded answer's text, reasoning
+and tool calls (``recorder.answers``), the finish reason, the timings, and up to
+``MAX_TOKENS`` sampled tokens as (token id, logprob). Token text is not the recorder's to
+know: whoever renders the page decodes the ids with the served tokenizer.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from sqlalchemy import select
 
 from kernel.errors import NotFound
 from recorder import codec
+from recorder.answers import Answer
 from recorder.conversations import Conversation, StoredRequest, rebuild
 from recorder.rows import Reward, SideRequests, reward_of
 from recorder.schema import sessions, turns
@@ -84,7 +85,7 @@ class SessionView:
     turns: tuple[TurnView, ...]
 
 
-def _message(data: Mapping[str, Any], default_role: str = "assistant") -> ShownMessage:
+def _message(data: Mapping[str, Any], default_role: str) -> ShownMessage:
     calls = data.get("tool_calls") or ()
     return ShownMessage(
         role=str(data.get("role") or default_role),
@@ -99,9 +100,9 @@ def _message(data: Mapping[str, Any], default_role: str = "assistant") -> ShownM
     )
 
 
-def _json(blob: bytes) -> Any:
-    # Records written before a field existed hold b""; show them as empty, not as an error.
-    return orjson.loads(blob) if blob else {}
+def _reply(answer: Answer) -> ShownMessage:
+    calls = tuple((c.name, c.arguments) for c in answer.tool_calls)
+    return ShownMessage("assistant", answer.content, answer.reasoning or None, calls, None)
 
 
 async def load_session(store: Store, session_id: str) -> SessionView:
@@ -200,6 +201,6 @@ def _turn_view(
         finished_s=row.finished_s,
         backend_s=row.backend_s,
         new_messages=tuple(_message(m, "user") for m in messages if isinstance(m, Mapping)),
-        reply=_message(_json(row.response_message)),
+        reply=_reply(Answer.decode(row.response_message)),
         tokens=tuple(SampledToken(i, lp) for i, lp in shown),
     )
