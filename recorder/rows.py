@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -75,6 +75,8 @@ ARRAY_COLUMNS = (
     "routed_experts_top_k",
     "routed_experts_dtype",
 )
+# A session's spec is stored one field per column, under the field's name.
+_SPEC_COLUMNS = tuple(field.name for field in fields(SessionSpec))
 # What a root named in a later turn's ``side_requests`` becomes (proxy.ledger.classify).
 SIDE_REQUEST_CLASSIFICATION, SIDE_REQUEST_REASON = "fork", "side_request"
 
@@ -122,18 +124,11 @@ def reward_values(reward: Reward) -> dict[str, object]:
 # -- sessions -----------------------------------------------------------------------------
 def session_values(info: SessionInfo) -> dict[str, object]:
     """The ``sessions`` row of a new session (it has no termination or reward yet)."""
-    spec = info.spec
+    spec = {name: getattr(info.spec, name) for name in _SPEC_COLUMNS}
     return {
         "id": info.id,
         "key": info.key,
-        "run_id": spec.run_id,
-        "task_id": spec.task_id,
-        "group_id": spec.group_id,
-        "sample_index": spec.sample_index,
-        "harness": spec.harness,
-        "sampling": spec.sampling,
-        "max_prompt_tokens": spec.max_prompt_tokens,
-        "max_output_tokens": spec.max_output_tokens,
+        **spec,
         "status": info.status.value,
         "created_at": info.created_at,
     }
@@ -143,16 +138,7 @@ def session_of(row: Row, turn_count: int) -> SessionInfo:
     return SessionInfo(
         id=row["id"],
         key=row["key"],
-        spec=SessionSpec(
-            run_id=row["run_id"],
-            task_id=row["task_id"],
-            group_id=row["group_id"],
-            sample_index=row["sample_index"],
-            harness=row["harness"],
-            sampling=row["sampling"],
-            max_prompt_tokens=row["max_prompt_tokens"],
-            max_output_tokens=row["max_output_tokens"],
-        ),
+        spec=SessionSpec(**{name: row[name] for name in _SPEC_COLUMNS}),
         status=SessionStatus(row["status"]),
         created_at=row["created_at"],
         termination=row["termination"],
