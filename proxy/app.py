@@ -168,10 +168,6 @@ def create_app(settings: Settings) -> FastAPI:
                 sessions=sessions,
                 pipeline=pipeline,
                 conversations=conversations,
-                adapters={
-                    adapter.name: adapter
-                    for adapter in (chat_adapter, messages_adapter, responses_adapter)
-                },
                 served_model_name=model_dir.name,
                 models_response=models_response,
             )

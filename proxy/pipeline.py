@@ -29,7 +29,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import orjson
 from transformers import PreTrainedTokenizerBase
 
 from kernel.errors import BackendError, ContextLengthExceeded, LegoError
@@ -50,6 +49,7 @@ from proxy.canonical import (
 from proxy.conversations import ConversationBook, recorded_requests
 from proxy.gate import RunGate
 from proxy.ledger import Classification, ForkReason, LedgerBook, PromptPlan
+from proxy.ledger.codec import answer_of
 from proxy.metrics import Metrics
 from proxy.parsing.parser import OutputParser
 from proxy.settings import Settings
@@ -88,7 +88,7 @@ class _Message:
 
     reasoning: list[str] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
-    tool_calls: list[dict[str, str]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     def add(self, event: OutputEvent) -> None:
         if isinstance(event, ReasoningDelta):
@@ -96,24 +96,14 @@ class _Message:
         elif isinstance(event, TextDelta):
             self.content.append(event.text)
         elif isinstance(event, ToolCallDelta):
-            call = event.call
-            self.tool_calls.append({"id": call.id, "name": call.name, "arguments": call.arguments})
+            self.tool_calls.append(event.call)
 
     def canonical(self) -> Message:
         return Message(
             role="assistant",
             content="".join(self.content),
             reasoning="".join(self.reasoning) if self.reasoning else None,
-            tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in self.tool_calls),
-        )
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                "reasoning": "".join(self.reasoning) if self.reasoning else None,
-                "content": "".join(self.content),
-                "tool_calls": self.tool_calls,
-            }
+            tool_calls=tuple(self.tool_calls),
         )
 
 
@@ -393,7 +383,7 @@ class Pipeline:
             sampling_params=turn.sampling_params,
             request_messages=encoded.data,
             messages_inherited=encoded.inherited,
-            response_message=progress.message.to_json(),
+            response_message=answer_of(progress.message.canonical()).encode(),
             ignored_fields=turn.request.ignored_fields,
             malformed_tool_calls=parser.malformed_tool_calls,
             resumptions=progress.resumptions,

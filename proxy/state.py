@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.adapters.base import Adapter
 from proxy.conversations import ConversationBook
 from proxy.metrics import Metrics
 from proxy.pipeline import Pipeline
@@ -24,6 +23,5 @@ class AppState:
     sessions: SessionCache
     pipeline: Pipeline
     conversations: ConversationBook  # completed turns' whole requests (previous_response_id)
-    adapters: dict[str, Adapter]
     served_model_name: str
     models_response: Callable[[Sequence[str], int], bytes]

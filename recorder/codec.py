@@ -28,6 +28,7 @@ from kernel.errors import InvalidRequest
 from recorder.records import RoutedExperts
 
 _IDS = np.dtype("<i4")
+ID_BYTES = _IDS.itemsize  # so SQL can count stored ids by their bytes
 _LOGPROBS = np.dtype("<f4")
 _EXPERT_DTYPES: dict[str, np.dtype[np.integer[Any]]] = {
     "uint8": np.dtype("<u1"),

@@ -7,10 +7,11 @@ A turn's ``request_messages`` column holds its canonical request as one JSON obj
   leading message with their parent's conversation, and every row written before
   migration 0005.
 - ``n >= 1``, inherited: the turn continues ``parent_turn_id``, whose *conversation* is its
-  own request's messages followed by its answer (``response_message`` read as an assistant
-  message, ``answer_as_message``). The request's messages are the first ``n`` of that
-  conversation followed by the object's ``"messages"``; every other key the object holds
-  replaces the parent's value, and a key it lacks has the parent's value.
+  own request's messages followed by its answer (``response_message`` read as an
+  assistant message, ``recorder.answers.Answer.as_message``). The request's messages are
+  the first ``n`` of that conversation followed by the object's ``"messages"``; every
+  other key the object holds replaces the parent's value, and a key it lacks has the
+  parent's value.
 
 So each message of a session is stored about once, whatever the session's length: the
 bytes grow with what each turn adds, not with turns x conversation.
@@ -33,6 +34,7 @@ from typing import Any
 import orjson
 
 from kernel.errors import RecorderError
+from recorder.answers import Answer
 from recorder.records import TurnRecord
 
 EMPTY_OBJECT = b"{}"
@@ -87,22 +89,6 @@ class Conversation:
         return head + b"," + self.fields[1:]
 
 
-def answer_as_message(answer: bytes) -> bytes:
-    """A recorded answer (``{"reasoning", "content", "tool_calls"}``) as the assistant
-    message a harness sends back for it, in the canonical message's JSON form."""
-    raw = _object(answer, "an answer")
-    return orjson.dumps(
-        {
-            "role": "assistant",
-            "content": raw.get("content") or "",
-            "reasoning": raw.get("reasoning"),
-            "tool_calls": raw.get("tool_calls") or [],
-            "tool_call_id": None,
-            "name": None,
-        }
-    )
-
-
 def rebuild(
     session_id: str, rows: Iterable[StoredRequest], wanted: Iterable[str] | None = None
 ) -> dict[str, Conversation]:
@@ -145,7 +131,7 @@ def _resolve(row: StoredRequest, done: dict[str, Conversation]) -> Conversation:
     if inherited <= count:
         head = parent.messages[:inherited]
     elif inherited == count + 1:
-        head = (*parent.messages, answer_as_message(parent.answer))
+        head = (*parent.messages, Answer.decode(parent.answer).as_message())
     else:
         raise RecorderError(
             f"turn {row.turn_id} inherits {inherited} messages of a conversation that has "

@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from kernel.errors import Conflict, NotFound
 from recorder.database import create_engine, is_sqlite, parse_url, transaction
 from recorder.records import EXCLUDED_TERMINATIONS, SessionStatus, TurnStatus
+from recorder.rows import Reward, reward_of
 from recorder.schema import (
     alignment_reports,
     batches,
@@ -144,7 +145,7 @@ class ExportStore:
         batch_id = uuid.uuid4().hex
         expires = now + lease_s
         claimed: list[ClaimedGroup] = []
-        rewards: list[list[object]] = []
+        rewards: list[list[Reward]] = []
         stale = 0
         reclaimed = 0
         async with transaction(self._engine, f"claim groups of run {run_id}") as conn:
@@ -183,9 +184,7 @@ class ExportStore:
                 claimed.append(
                     ClaimedGroup(group_id, kept[0].task_id, tuple(m.id for m in kept), staleness)
                 )
-                rewards.append(
-                    [m.reward_vector if m.reward_vector is not None else m.reward for m in kept]
-                )
+                rewards.append([reward_of(m.reward, m.reward_vector) for m in kept])
             if claimed:
                 await conn.execute(
                     batches.insert().values(

@@ -28,8 +28,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from recorder.rows import StoredTurn
 from recorder.spool import Spool
-from recorder.store import StoredTurn
 
 log = logging.getLogger(__name__)
 

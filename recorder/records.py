@@ -104,7 +104,7 @@ class TurnRecord:
     # ``messages_inherited`` messages are not repeated here, nor fields equal to the parent's.
     request_messages: bytes = b""
     messages_inherited: int | None = None
-    response_message: bytes = b""  # parsed assistant message as JSON
+    response_message: bytes = b""  # the parsed answer, ``recorder.answers.Answer.encode``
     ignored_fields: tuple[str, ...] = ()
     malformed_tool_calls: int = 0
     resumptions: int = 0

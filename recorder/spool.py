@@ -40,7 +40,7 @@ from pathlib import Path
 import orjson
 
 from kernel.errors import RecorderError
-from recorder.store import BLOB_COLUMNS, StoredTurn
+from recorder.rows import BLOB_COLUMNS, StoredTurn
 
 log = logging.getLogger(__name__)
 

@@ -2,10 +2,12 @@
 
 Contract:
 - ``submit(turn)`` never blocks and never raises: it appends to an in-memory queue.
-- One background task (``start()``) encodes the queue in FIFO batches of up to
-  ``max_batch`` turns (waiting up to ``flush_interval_s`` to fill one) and writes each batch
-  with one multi-row insert (``Store.write_rows``; asyncpg runs it as a prepared
-  ``executemany``).
+- One background task (``start()``) writes the queue in FIFO batches of up to
+  ``max_batch`` turns (waiting up to ``flush_interval_s`` to fill one), each batch with one
+  multi-row insert (``Store.write_rows``; asyncpg runs it as a prepared ``executemany``).
+- Each turn is encoded (``recorder.rows.encode_turn``) once: a journaled turn when it is
+  journaled, any other when its batch is taken. The queue keeps the encoded row, and the
+  same row goes to the journal, the database and the spool.
 - A turn the database can never accept (``Conflict``, ``InvalidRequest``) is isolated by
   writing the batch one turn at a time, logged, counted in ``dropped`` and dropped, so one
   bad record cannot wedge the queue.
@@ -56,8 +58,9 @@ from kernel.errors import Conflict, InvalidRequest, RecorderError
 from recorder.journal import Journal
 from recorder.metrics import RecorderMetrics
 from recorder.records import TurnRecord
+from recorder.rows import StoredTurn, encode_turn
 from recorder.spool import Spool
-from recorder.store import Store, StoredTurn, encode_turn
+from recorder.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +100,8 @@ class TurnWriter:
         self._max_pending = max_pending
         self._close_timeout_s = close_timeout_s
         self._warn_pending = warn_pending
-        self._queue: deque[TurnRecord] = deque()
+        # A turn stays a record until it is encoded, and is never encoded again after.
+        self._queue: deque[TurnRecord | StoredTurn] = deque()
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._done = 0  # turns taken off the queue (written, spooled or dropped), FIFO
@@ -142,16 +146,21 @@ class TurnWriter:
 
         For completed turns: the caller awaits this before the harness gets the end of its
         answer, so no crash can lose a turn the harness has."""
-        if self._journal is not None:
-            try:
-                row = encode_turn(turn)
-            except InvalidRequest:
-                row = None  # unstorable: the queue drops and counts it
-            if row is not None:
-                await self._journal.append(row)
-        self.submit(turn)
+        if self._journal is None:
+            self.submit(turn)
+            return
+        try:
+            stored = encode_turn(turn)
+        except InvalidRequest:
+            self.submit(turn)  # unstorable: the batch that takes it drops and counts it
+            return
+        await self._journal.append(stored)
+        self._enqueue(stored)
 
     def submit(self, turn: TurnRecord) -> None:
+        self._enqueue(turn)
+
+    def _enqueue(self, turn: TurnRecord | StoredTurn) -> None:
         self._queue.append(turn)
         self.submitted += 1
         if self._warn_pending and len(self._queue) % self._warn_pending == 0:
@@ -185,7 +194,7 @@ class TurnWriter:
         if self._spool is not None:
             # The database did not take everything in time: the spool keeps the rest for
             # the next start (a batch cut off mid-write may land twice; replay dedupes).
-            await self._spill(list(self._queue))
+            await self._spill(self._encode(list(self._queue)))
             if self._journal is not None:
                 await self._journal.release(turn.id for turn in self._queue)
             self._queue.clear()
@@ -227,7 +236,7 @@ class TurnWriter:
                 async with self._progress:
                     self._progress.notify_all()
 
-    async def _persist(self, batch: Sequence[TurnRecord]) -> None:
+    async def _persist(self, batch: Sequence[TurnRecord | StoredTurn]) -> None:
         stored = self._encode(batch)
         if self._spool is None:
             await self._write_until_settled(stored)
@@ -251,9 +260,12 @@ class TurnWriter:
         else:
             self.batches += 1
 
-    def _encode(self, batch: Sequence[TurnRecord]) -> list[StoredTurn]:
+    def _encode(self, batch: Sequence[TurnRecord | StoredTurn]) -> list[StoredTurn]:
         stored = []
         for turn in batch:
+            if isinstance(turn, StoredTurn):
+                stored.append(turn)
+                continue
             try:
                 stored.append(encode_turn(turn))
             except InvalidRequest as exc:
@@ -271,9 +283,8 @@ class TurnWriter:
         self._spooling = True
         self._next_replay = time.monotonic() + self._replay_delay
 
-    async def _spill(self, stored: Sequence[StoredTurn] | Sequence[TurnRecord]) -> None:
+    async def _spill(self, rows: Sequence[StoredTurn]) -> None:
         assert self._spool is not None
-        rows = [t if isinstance(t, StoredTurn) else encode_turn(t) for t in stored]
         delay = self._retry_initial_s
         while rows:
             try:

@@ -32,7 +32,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "tests": frozenset({"kernel", "recorder", "engine", "proxy", "trainer_bridge", "cli"}),
 }
 # Only the recorder speaks SQL; these packages may not import it at all.
-NO_SQL = ("kernel", "engine", "trainer_bridge")
+NO_SQL = ("kernel", "engine", "proxy", "trainer_bridge")
 SQL_MODULES = ("sqlalchemy", "recorder.schema")
 
 

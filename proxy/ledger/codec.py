@@ -2,8 +2,8 @@
 and the ledger (and ``previous_response_id``) can be rebuilt from recorded turns.
 
 Owns the canonical request's JSON: ``orjson.dumps`` of the ``ChatRequest`` dataclass
-(tuples as lists, enums as their values), and the answer's:
-``{"reasoning", "content", "tool_calls": [{"id", "name", "arguments"}]}``.
+(tuples as lists, enums as their values); and the answer as the canonical assistant
+``Message`` it was (its JSON is the recorder's, ``recorder.answers``).
 
 - ``encode_request(request, inherited, parent)``: what ``TurnRecord.request_messages``
   holds: the whole request when ``inherited`` is 0, else (``recorder.conversations``) only
@@ -13,9 +13,11 @@ Owns the canonical request's JSON: ``orjson.dumps`` of the ``ChatRequest`` datac
   request rebuilt by ``recorder.conversations``; one decoder shares the ``Message`` of
   every message JSON it has seen, so decoding a session costs its distinct messages.
   ``decode(encode(r))`` equals ``r``.
-- ``decode_message(data)``: an answer, as the assistant message it was.
+- ``answer_of(message)``: the recorded ``Answer`` of an assistant message;
+  ``decode_message(data)``: a recorded answer, as the assistant message it was
+  (``RecorderError`` if the recorder cannot read it).
 
-Decoders raise ``InvalidRequest`` on data that does not have that shape.
+Request decoders raise ``InvalidRequest`` on data that does not have that shape.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from proxy.canonical import (
     ToolChoiceMode,
     ToolSpec,
 )
+from recorder.answers import Answer, AnswerCall
 from recorder.conversations import Conversation
 
 _ROLES: dict[str, Role] = {r: r for r in ("system", "user", "assistant", "tool")}
@@ -90,17 +93,22 @@ class RequestDecoder:
         return replace(context, messages=tuple(messages))
 
 
+def answer_of(message: Message) -> Answer:
+    return Answer(
+        content=message.content,
+        reasoning=message.reasoning,
+        tool_calls=tuple(AnswerCall(c.id, c.name, c.arguments) for c in message.tool_calls),
+    )
+
+
 def decode_message(data: bytes) -> Message:
-    try:
-        raw = orjson.loads(data)
-        return Message(
-            role="assistant",
-            content=str(raw.get("content") or ""),
-            reasoning=raw.get("reasoning"),
-            tool_calls=tuple(_call(c) for c in raw.get("tool_calls") or ()),
-        )
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise InvalidRequest(f"a recorded response cannot be decoded: {exc!r}") from exc
+    answer = Answer.decode(data)
+    return Message(
+        role="assistant",
+        content=answer.content,
+        reasoning=answer.reasoning,
+        tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in answer.tool_calls),
+    )
 
 
 def _request(raw: dict[str, Any], messages: tuple[Message, ...]) -> ChatRequest:

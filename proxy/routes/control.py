@@ -24,6 +24,7 @@ from proxy.settings import Settings
 from proxy.state import AppState
 from recorder.export_wire import segment_json
 from recorder.records import SessionSpec, Termination
+from recorder.rows import SideRequests
 from recorder.trajectory import build_segments
 
 
@@ -139,7 +140,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         await state.writer.flush()
         session = await state.store.get_session(request.path_params["session_id"])
         turns = await state.store.list_turns(session.id)
-        relabelled_by = {named: t.id for t in turns for named in t.side_requests}
+        relabelled_by = SideRequests.of((t.id, t.side_requests) for t in turns).named_by
         return {
             **session_json(session, public_url),
             "turns": [

@@ -35,10 +35,10 @@ from proxy.render import load_tokenizer
 from proxy.routes.auth import require_admin
 from proxy.settings import Settings
 from proxy.state import AppState
-from proxy.ui.overview import load_overview
 from proxy.ui.pages import Pages
-from proxy.ui.session_view import load_session
-from proxy.ui.tables import load_runs, load_sessions, load_tasks
+from recorder.read_models.overview import load_overview
+from recorder.read_models.session_view import load_session
+from recorder.read_models.tables import load_runs, load_sessions, load_tasks
 
 COOKIE = "lego_ui"
 _STATIC = {"ui.css": "text/css", "ui.js": "text/javascript"}
@@ -104,27 +104,26 @@ def build_router(settings: Settings) -> APIRouter:
         return endpoint
 
     async def runs_page(state: AppState, request: Request) -> str:
-        return pages.runs(await load_runs(state.store.engine, _page_number(request)))
+        return pages.runs(await load_runs(state.store, _page_number(request)))
 
     async def overview_page(state: AppState, request: Request) -> str:
-        overview = await load_overview(state.store.engine, request.path_params["run_id"])
+        overview = await load_overview(state.store, request.path_params["run_id"])
         return pages.overview(overview)
 
     async def tasks_page(state: AppState, request: Request) -> str:
         run_id = request.path_params["run_id"]
         sort = request.query_params.get("sort", "task")
-        rows = await load_tasks(state.store.engine, run_id, sort, _page_number(request))
+        rows = await load_tasks(state.store, run_id, sort, _page_number(request))
         return pages.tasks(run_id, rows, sort)
 
     async def sessions_page(state: AppState, request: Request) -> str:
         run_id = request.path_params["run_id"]
-        rows = await load_sessions(state.store.engine, run_id, _page_number(request))
+        rows = await load_sessions(state.store, run_id, _page_number(request))
         return pages.sessions(run_id, rows)
 
     async def session_page(state: AppState, request: Request) -> str:
-        decode = await tokens.decoder()
-        view = await load_session(state.store.engine, request.path_params["session_id"], decode)
-        return pages.session(view)
+        view = await load_session(state.store, request.path_params["session_id"])
+        return pages.session(view, await tokens.decoder())
 
     async def login_form(request: Request) -> Response:
         next_url = _safe_next(request.query_params.get("next", "/ui"))

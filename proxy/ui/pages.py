@@ -1,15 +1,17 @@
 """HTML rendering of the Live UI: Jinja2 templates shipped in ``proxy/ui/templates``.
 
 Contract: ``Pages()`` builds one autoescaping Jinja2 environment (per router, nothing at
-import time); each ``render_*`` method takes the frozen results of the query modules and
-returns a complete HTML document as ``str``. Numbers are formatted here, charts come from
+import time); each method takes the frozen results of the recorder's read models
+(``recorder.read_models``) and returns a complete HTML document as ``str``. Numbers and
+rewards (a vector as ``[1.0, 0.0]``) are formatted here, sampled token ids are turned into
+text here with the decoder the caller passes (the served tokenizer), charts come from
 ``charts``, the collapse table from ``collapse``; nothing here touches the database.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -17,9 +19,9 @@ from markupsafe import Markup
 
 from proxy.ui import charts
 from proxy.ui.collapse import Trend, trend
-from proxy.ui.overview import NO_VERSION, Overview, VersionStats
-from proxy.ui.session_view import SessionView
-from proxy.ui.tables import TASK_SORTS, Page, RunRow, SessionRow, TaskRow
+from recorder.read_models.overview import NO_VERSION, Overview, VersionStats
+from recorder.read_models.session_view import SessionView
+from recorder.read_models.tables import TASK_SORTS, Page, RunRow, SessionRow, TaskRow
 
 MISSING = "\u2013"  # an en dash stands for "no value"
 REFRESH_S = 10  # how often live pages reload themselves while the "live" box is ticked
@@ -81,6 +83,12 @@ def fmt(value: float | int | None, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
+def reward(value: float | tuple[float, ...] | None) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(str(float(x)) for x in value) + "]"
+    return fmt(value, 4)
+
+
 def pct(value: float | None) -> str:
     return MISSING if value is None else f"{value * 100:.1f}%"
 
@@ -99,7 +107,7 @@ class Pages:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self._env.filters.update(fmt=fmt, pct=pct, token_style=token_style)
+        self._env.filters.update(fmt=fmt, pct=pct, reward=reward, token_style=token_style)
         self._env.globals.update(refresh_s=REFRESH_S, page_links=page_links)
 
     def _render(self, name: str, **context: object) -> str:
@@ -162,9 +170,10 @@ class Pages:
     def sessions(self, run_id: str, page: Page[SessionRow]) -> str:
         return self._render("sessions.html", run_id=run_id, page=page, live=True)
 
-    def session(self, view: SessionView) -> str:
+    def session(self, view: SessionView, token_text: Callable[[int], str]) -> str:
+        """``token_text`` decodes one sampled id; it is only called for the tokens shown."""
         live = view.status != "finished"
-        return self._render("session.html", view=view, live=live)
+        return self._render("session.html", view=view, live=live, token_text=token_text)
 
 
 def page_links(page: Page[object]) -> Sequence[int]:

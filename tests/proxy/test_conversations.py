@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from proxy.canonical import ChatRequest, Message, SamplingRequest, ToolCall, ToolSpec
 from proxy.conversations import ConversationBook, recorded_requests
-from proxy.ledger.codec import RequestDecoder
+from proxy.ledger.codec import RequestDecoder, answer_of
 from recorder.records import SessionSpec, TurnRecord, TurnStatus
 from recorder.schema import turns
 from recorder.store import Store
@@ -38,19 +38,6 @@ def result(step: int, size: int = 200) -> Message:
     return Message(role="tool", content=f"[{step}]" + "x" * size, tool_call_id=f"call_{step}")
 
 
-def answer_json(message: Message) -> bytes:
-    """The answer as the pipeline records it."""
-    return orjson.dumps(
-        {
-            "reasoning": message.reasoning,
-            "content": message.content,
-            "tool_calls": [
-                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls
-            ],
-        }
-    )
-
-
 class Harness:
     """The pipeline's recording half: encode with the book, record, commit when done."""
 
@@ -73,7 +60,7 @@ class Harness:
             make_turn(self.session_id, len(self.records), status=status),
             request_messages=encoded.data,
             messages_inherited=encoded.inherited,
-            response_message=answer_json(reply),
+            response_message=answer_of(reply).encode(),  # as the pipeline records it
             parent_turn_id=parent_id,
         )
         if status is TurnStatus.COMPLETED:

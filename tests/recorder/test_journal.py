@@ -6,8 +6,9 @@ import asyncio
 from pathlib import Path
 
 from recorder.journal import Journal
+from recorder.rows import StoredTurn, encode_turn
 from recorder.spool import Spool
-from recorder.store import Store, StoredTurn, encode_turn
+from recorder.store import Store
 from recorder.writer import TurnWriter
 from tests.recorder.builders import make_turn, rich_turn
 from tests.recorder.test_store import new_session

@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from kernel.errors import RecorderError
-from recorder.conversations import StoredRequest, answer_as_message, rebuild
+from recorder.answers import Answer
+from recorder.conversations import StoredRequest, rebuild
 from recorder.records import SessionSpec, TurnRecord, TurnStatus
 from recorder.store import Store
 from tests.recorder.builders import make_turn
@@ -56,7 +57,7 @@ def test_a_child_inherits_its_parents_messages_its_answer_and_its_fields() -> No
         ),
     ]
     got = rebuild("s", rows)
-    echoed = loads(answer_as_message(orjson.dumps(ANSWER)))
+    echoed = loads(Answer.decode(orjson.dumps(ANSWER)).as_message())
     assert echoed == {
         "role": "assistant",
         "content": "",
@@ -163,7 +164,7 @@ async def test_the_store_rebuilds_a_sessions_requests_in_one_query(store: Store)
     assert loads(completed[child.id].request_json())["messages"] == [
         SYSTEM,
         USER,
-        loads(answer_as_message(orjson.dumps(ANSWER))),
+        loads(Answer.decode(orjson.dumps(ANSWER)).as_message()),
         RESULT,
     ]
     assert await store.conversations("other-session") == {}

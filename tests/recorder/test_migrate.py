@@ -22,9 +22,10 @@ from kernel.errors import InvalidRequest, RecorderError
 from recorder.database import create_engine
 from recorder.migrate import alembic_config, upgrade_database
 from recorder.records import SessionSpec
+from recorder.rows import encode_turn
 from recorder.schema import metadata, turns
 from recorder.scratch_postgres import PostgresServer
-from recorder.store import Store, encode_turn
+from recorder.store import Store
 from tests.recorder.builders import make_turn
 
 # The newest migration shipped in the package; every upgrade must land there.

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from kernel.errors import RecorderError
+from recorder.rows import StoredTurn, decode_stored, encode_turn
 from recorder.spool import Spool
-from recorder.store import StoredTurn, decode_stored, encode_turn
 from tests.recorder.builders import experts, rich_turn
 
 

@@ -13,8 +13,9 @@ from sqlalchemy import func, select
 
 from kernel.errors import Conflict, InvalidRequest, NotFound, RecorderError
 from recorder.records import SessionInfo, SessionSpec, SessionStatus, TurnRecord
+from recorder.rows import StoredTurn, encode_turn
 from recorder.schema import turns
-from recorder.store import Store, StoredTurn, encode_turn
+from recorder.store import Store
 from tests.recorder.builders import experts, make_turn, rich_turn
 
 
@@ -237,9 +238,11 @@ async def test_unmigrated_database_raises_recorder_error(tmp_path: Path) -> None
         await store.close()
 
 
-async def test_a_turn_naming_side_requests_re_labels_them_in_either_write_order(
+async def test_a_turn_naming_side_requests_re_labels_their_rows_as_it_is_written(
     store: Store,
 ) -> None:
+    """The write half of the re-label rule (the read half is ``recorder.rows``'s, tested in
+    ``test_rows``): the named roots' own columns change in the naming turn's transaction."""
     session = await new_session(store)
     title, other_root = make_turn(session.id, 0), make_turn(session.id, 1, prompt=(9,))
     main = replace(make_turn(session.id, 2, prompt=(7, 8)), side_requests=(title.id,))
@@ -261,27 +264,6 @@ async def test_a_turn_naming_side_requests_re_labels_them_in_either_write_order(
         (main.id, "root", None),
         (stray.id, "root", None),
     ]
-    got = await store.list_turns(session.id)
-    assert [(t.classification, t.fork_reason, t.side_requests) for t in got] == [
-        ("fork", "side_request", ()),
-        ("root", None, ()),
-        ("root", None, (title.id,)),
-        ("root", None, ("not-recorded",)),
-    ]
-
-    # The naming turn written first (a replay out of order): readers still see the label.
-    later = await new_session(store)
-    title = make_turn(later.id, 0)
-    await store.write_turns([replace(make_turn(later.id, 1), side_requests=(title.id,))])
-    await store.write_turns([title])
-    got = await store.list_turns(later.id)
-    assert [(t.classification, t.fork_reason) for t in got] == [
-        ("fork", "side_request"),
-        ("root", None),
-    ]
-    # The export's array reader applies it too, so the main conversation's segment leads.
-    arrays = await store.list_turn_arrays(later.id)
-    assert [t.classification for t in arrays] == ["fork", "root"]
 
 
 async def test_rows_spooled_before_side_requests_existed_still_write(store: Store) -> None:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from recorder.database import create_engine
+from recorder.journal import Journal
 from recorder.migrate import upgrade_database
 from recorder.records import SessionInfo, SessionSpec
+from recorder.rows import StoredTurn
 from recorder.scratch_postgres import PostgresServer
 from recorder.spool import Spool
 from recorder.store import Store
@@ -103,6 +105,89 @@ async def test_unstorable_turn_is_dropped_and_the_rest_written(store: Store) -> 
     got = await store.list_turns(session.id)
     assert [t.seq for t in got] == [0, 1, 2]
     assert got[0].id == original.id
+
+
+class SeenRows:
+    """Spies on where encoded rows go: the journal, the database, the spool."""
+
+    def __init__(self) -> None:
+        self.journaled: list[StoredTurn] = []
+        self.written: list[StoredTurn] = []
+        self.spooled: list[StoredTurn] = []
+
+    def journal(self, directory: Path) -> Journal:
+        seen = self
+
+        class SpyJournal(Journal):
+            async def append(self, row: StoredTurn) -> None:
+                seen.journaled.append(row)
+                await super().append(row)
+
+        return SpyJournal(Spool.open(directory))
+
+    async def store(self, url: str) -> Store:
+        seen = self
+
+        class SpyStore(Store):
+            async def write_rows(self, stored: Sequence[StoredTurn]) -> None:
+                seen.written.extend(stored)
+                await super().write_rows(stored)
+
+        return await SpyStore.open(url)
+
+    def spool(self, directory: Path) -> Spool:
+        seen = self
+
+        class SpySpool(Spool):
+            def append(self, rows: Sequence[StoredTurn]) -> None:
+                seen.spooled.extend(rows)
+                super().append(rows)
+
+        return SpySpool.open(directory)
+
+
+async def test_a_durable_turn_is_encoded_once_for_the_journal_and_the_database(
+    database_url: str, tmp_path: Path
+) -> None:
+    seen = SeenRows()
+    store = await seen.store(database_url)
+    writer = TurnWriter(store, journal=seen.journal(tmp_path / "journal" / "p"))
+    try:
+        session = await new_session(store)
+        turns = [make_turn(session.id, seq) for seq in range(3)]
+        for turn in turns:
+            await writer.submit_durable(turn)
+        await asyncio.wait_for(writer.flush(), timeout=10)
+    finally:
+        await writer.close()
+        await store.close()
+    assert [row.id for row in seen.journaled] == [turn.id for turn in turns]
+    # The very rows the journal took reached the database: nothing encoded them again.
+    assert [id(row) for row in seen.written] == [id(row) for row in seen.journaled]
+
+
+async def test_a_spilled_durable_turn_is_the_row_the_journal_took(
+    database_url: str, tmp_path: Path
+) -> None:
+    seen = SeenRows()
+    store = await seen.store(database_url)
+    writer = TurnWriter(
+        store,
+        journal=seen.journal(tmp_path / "journal" / "p"),
+        spool=seen.spool(tmp_path / "spool" / "p"),
+        max_pending=0,  # every batch bypasses the database
+    )
+    writer.start()
+    try:
+        session = await new_session(store)
+        turns = [make_turn(session.id, seq) for seq in range(3)]
+        for turn in turns:
+            await writer.submit_durable(turn)
+        await eventually(lambda: writer.spooled == 3)
+    finally:
+        await writer.close()
+        await store.close()
+    assert [id(row) for row in seen.spooled] == [id(row) for row in seen.journaled]
 
 
 async def test_retries_while_the_table_is_unavailable(store: Store, database_url: str) -> None:

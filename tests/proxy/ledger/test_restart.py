@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from proxy.canonical import ChatRequest, Message
 from proxy.conversations import ConversationBook, recorded_requests
 from proxy.ledger import LedgerBook, PromptPlan, decode_message, decode_request
+from proxy.ledger.codec import answer_of
 from recorder.records import SessionSpec, TurnRecord, TurnStatus
 from recorder.store import Store
 from tests.proxy.ledger.conftest import SYSTEM, call, request, sampled
@@ -68,16 +69,7 @@ def record(
         weight_version="w0",
         request_messages=encoded.data,
         messages_inherited=encoded.inherited,
-        response_message=orjson.dumps(
-            {
-                "reasoning": answer.reasoning,
-                "content": answer.content,
-                "tool_calls": [
-                    {"id": c.id, "name": c.name, "arguments": c.arguments}
-                    for c in answer.tool_calls
-                ],
-            }
-        ),
+        response_message=answer_of(answer).encode(),
         parent_turn_id=plan.parent_turn_id,
         classification=plan.classification,
         fork_reason=plan.fork_reason,

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from recorder.database import create_engine
 from recorder.schema import sessions, turns
 from tests.proxy.conftest import ADMIN_KEY, Proxy
-from tests.proxy.ui.seed import SeededRun, seed_run
+from tests.recorder.read_models.seed import SeededRun, seed_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path(shutil.which("chromedriver") or "/usr/bin/chromedriver")

@@ -38,7 +38,7 @@ def scripted_run(proxy: Proxy) -> dict[str, Any]:
     """Two sessions: a tool call and its follow-up (root + extend), then a malformed call."""
     first = proxy.new_session(task_id="ui-task", group_id="ui-group")
     client = client_for(first)
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "CALL_TOOL please"}]
+    messages: list[Any] = [{"role": "user", "content": "CALL_TOOL please"}]
     call = client.chat.completions.create(model="m", messages=messages, tools=[SHELL_TOOL])
     calls = call.choices[0].message.tool_calls
     assert calls
@@ -157,3 +157,21 @@ def test_pages_show_the_run(proxy: Proxy, run: dict[str, Any]) -> None:
     assert proxy.admin.get("/ui/runs/unknown-run").status_code == 404
     assert proxy.admin.get(f"/ui/runs/{first['run_id']}/tasks?sort=bogus").status_code == 400
     assert proxy.admin.get(f"/ui/runs/{first['run_id']}/sessions?page=0").status_code == 400
+
+
+def test_a_vector_reward_shows_on_the_session_page_and_in_the_sessions_table(
+    proxy: Proxy,
+) -> None:
+    session = proxy.new_session(task_id="vector-task", group_id="vector-group")
+    client_for(session).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hello"}]
+    )
+    proxy.admin.post(
+        f"/api/v1/sessions/{session['id']}/finish",
+        json={"termination": "completed", "reward": [1.0, 0.0]},
+    ).raise_for_status()
+    proxy.admin.get(f"/api/v1/sessions/{session['id']}").raise_for_status()  # flushes the writer
+    page = proxy.admin.get(f"/ui/sessions/{session['id']}").raise_for_status().text
+    assert "reward [1.0, 0.0]," in page
+    table = proxy.admin.get(f"/ui/runs/{session['run_id']}/sessions").raise_for_status().text
+    assert '<td class="num">[1.0, 0.0]</td>' in table

@@ -1,6 +1,6 @@
 """The run overview's numbers, aggregated in SQL with a fixed number of statements.
 
-Contract: ``load_overview(engine, run_id)`` raises ``NotFound`` for an unknown run and
+Contract: ``load_overview(store, run_id)`` raises ``NotFound`` for an unknown run and
 otherwise returns an ``Overview``: per weight version (in policy order) the sessions by
 termination reason, mean reward and solve rate over sessions that count for training,
 turns per trajectory, response length (sampled tokens per trajectory), malformed tool
@@ -8,6 +8,11 @@ calls per turn, and the share of zero-variance prompt groups (all failed: 0/N, a
 solved: N/N; groups of two or more graded samples, attributed to the version of their
 earliest sample); plus the trainer's alignment reports by step. The statement count does
 not depend on the run's size, so a 1,000-session run costs what a 10-session run does.
+
+The aggregates are scalar-only: a vector reward (``reward_vector``) has no mean with the
+scalars and no threshold to solve, so such a session counts as graded (it is in the
+solve rate's denominator) but never as a solve, and is left out of the mean reward and of
+its group's zero-variance count. The session pages show the vector itself.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from sqlalchemy import Subquery, and_, case, func, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from kernel.errors import NotFound
-from proxy.ui.facts import session_facts, version_order
+from recorder.read_models.facts import session_facts, version_order
 from recorder.schema import alignment_reports, runs
+from recorder.store import Store
 
 NO_VERSION = "(no turns)"
 ALIGNMENT_STEPS = 2000  # the most recent steps charted; older ones are summarized away
@@ -68,8 +74,8 @@ class Overview:
     termination_reasons: tuple[str, ...]
 
 
-async def load_overview(engine: AsyncEngine, run_id: str) -> Overview:
-    async with engine.connect() as conn:
+async def load_overview(store: Store, run_id: str) -> Overview:
+    async with store.engine.connect() as conn:
         run = (await conn.execute(select(runs.c.name).where(runs.c.id == run_id))).first()
         if run is None:
             raise NotFound(f"no run {run_id!r}")

@@ -1,4 +1,4 @@
-"""Synthetic runs written straight into the recorder's tables, for the UI tests.
+"""Synthetic runs written straight into the recorder's tables, for read-model and UI tests.
 
 ``seed_run`` inserts one run with announced weight versions, sessions grouped by prompt
 and turns (a root turn plus ``turns - 1`` extends per session), with rewards, output

@@ -4,7 +4,9 @@ Contract: every function runs a fixed number of SQL statements, sorts and pages 
 (``LIMIT``/``OFFSET``), and returns a ``Page`` holding one page of frozen rows plus the
 total row count. ``load_tasks`` compares each task's solve rate at the first and at the
 latest weight version it was sampled with; ``sort`` is one of ``TASK_SORTS`` (a leading
-``-`` sorts descending) and anything else raises ``InvalidRequest``.
+``-`` sorts descending) and anything else raises ``InvalidRequest``. A session's
+``reward`` reads as the recorder's reward rule says (``recorder.rows.reward_of``: a
+vector as a tuple); the tasks' solve rates are scalar-only, as the overview's are.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import ColumnElement, and_, case, func, select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from kernel.errors import InvalidRequest, NotFound
-from proxy.ui.facts import session_facts, version_order
+from recorder.read_models.facts import session_facts, version_order
+from recorder.rows import Reward, reward_of
 from recorder.schema import runs, sessions
+from recorder.store import Store
 
 PAGE_SIZE = 50
 TASK_SORTS = ("task", "samples", "first", "latest", "change")
@@ -68,7 +71,7 @@ class SessionRow:
     sample_index: int
     status: str
     termination: str | None
-    reward: float | None
+    reward: Reward
     version: str | None
     turns: int
     output_tokens: int
@@ -81,7 +84,7 @@ def _offset(page: int, size: int) -> int:
     return (page - 1) * size
 
 
-async def load_runs(engine: AsyncEngine, page: int = 1, size: int = PAGE_SIZE) -> Page[RunRow]:
+async def load_runs(store: Store, page: int = 1, size: int = PAGE_SIZE) -> Page[RunRow]:
     counts = (
         select(sessions.c.run_id, func.count().label("n"))
         .group_by(sessions.c.run_id)
@@ -94,7 +97,7 @@ async def load_runs(engine: AsyncEngine, page: int = 1, size: int = PAGE_SIZE) -
         .limit(size)
         .offset(_offset(page, size))
     )
-    async with engine.connect() as conn:
+    async with store.engine.connect() as conn:
         total = int(await conn.scalar(select(func.count()).select_from(runs)) or 0)
         rows = tuple(
             RunRow(str(r.id), str(r.name), float(r.created_at), int(r.n))
@@ -103,20 +106,20 @@ async def load_runs(engine: AsyncEngine, page: int = 1, size: int = PAGE_SIZE) -
     return Page(rows, total, page, size)
 
 
-async def _require_run(engine: AsyncEngine, run_id: str) -> list[str]:
-    async with engine.connect() as conn:
+async def _require_run(store: Store, run_id: str) -> list[str]:
+    async with store.engine.connect() as conn:
         if await conn.scalar(select(runs.c.id).where(runs.c.id == run_id)) is None:
             raise NotFound(f"no run {run_id!r}")
         return await version_order(conn, run_id)
 
 
 async def load_tasks(
-    engine: AsyncEngine, run_id: str, sort: str = "task", page: int = 1, size: int = PAGE_SIZE
+    store: Store, run_id: str, sort: str = "task", page: int = 1, size: int = PAGE_SIZE
 ) -> Page[TaskRow]:
     key = sort.removeprefix("-")
     if key not in TASK_SORTS:
         raise InvalidRequest(f"sort must be one of {', '.join(TASK_SORTS)}", param="sort")
-    order = await _require_run(engine, run_id)
+    order = await _require_run(store, run_id)
     facts = session_facts(run_id, order)
     graded = facts.c.included == 1
     bounds = (
@@ -167,7 +170,7 @@ async def load_tasks(
         .limit(size)
         .offset(_offset(page, size))
     )
-    async with engine.connect() as conn:
+    async with store.engine.connect() as conn:
         total = int(await conn.scalar(select(func.count()).select_from(per_task)) or 0)
         rows = tuple(
             TaskRow(
@@ -184,9 +187,9 @@ async def load_tasks(
 
 
 async def load_sessions(
-    engine: AsyncEngine, run_id: str, page: int = 1, size: int = PAGE_SIZE
+    store: Store, run_id: str, page: int = 1, size: int = PAGE_SIZE
 ) -> Page[SessionRow]:
-    order = await _require_run(engine, run_id)
+    order = await _require_run(store, run_id)
     facts = session_facts(run_id, order)
     query = (
         select(facts)
@@ -194,7 +197,7 @@ async def load_sessions(
         .limit(size)
         .offset(_offset(page, size))
     )
-    async with engine.connect() as conn:
+    async with store.engine.connect() as conn:
         total = int(await conn.scalar(select(func.count()).where(sessions.c.run_id == run_id)) or 0)
         rows = tuple(
             SessionRow(
@@ -204,7 +207,7 @@ async def load_sessions(
                 sample_index=int(r.sample_index),
                 status=str(r.status),
                 termination=r.termination,
-                reward=None if r.reward is None else float(r.reward),
+                reward=reward_of(r.reward, r.reward_vector),
                 version=r.version,
                 turns=int(r.turns),
                 output_tokens=int(r.output_tokens),

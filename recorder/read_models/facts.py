@@ -1,16 +1,18 @@
-"""Shared SQL building blocks of the Live UI: a run's weight-version order and one row of
-facts per session, as SQLAlchemy Core selectables that the page queries aggregate over.
+"""Shared SQL building blocks of the read models: a run's weight-version order and one row
+of facts per session, as SQLAlchemy Core selectables that the page queries aggregate over.
 
 Contract:
 - ``version_order(conn, run_id)`` lists the run's weight versions in policy order: the
   announced order (``weight_versions.idx``) first, then versions only seen on turns, by
   when they first sampled. One statement.
 - ``session_facts(run_id, order)`` is a subquery with one row per session of the run:
-  ``id, task_id, group_id, sample_index, status, termination, reward, created_at, version``
-  (the weight version of the session's first turn, NULL without turns), ``rank`` (that
-  version's position in ``order``), ``turns``, ``output_tokens``, ``malformed``,
-  ``included`` (1 when finished with a termination that counts for training) and
-  ``solved`` (1 when included and ``reward >= SOLVED_REWARD``).
+  ``id, task_id, group_id, sample_index, status, termination, reward, reward_vector,
+  created_at, version`` (the weight version of the session's first turn, NULL without
+  turns), ``rank`` (that version's position in ``order``), ``turns``, ``output_tokens``,
+  ``malformed``, ``included`` (1 when finished with a termination that counts for
+  training) and ``solved`` (1 when included and the scalar ``reward >= SOLVED_REWARD``; a
+  vector reward is never a solve). ``reward``/``reward_vector`` are the raw columns: read
+  a session's reward with ``recorder.rows.reward_of``.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from typing import Any
 from sqlalchemy import Integer, Subquery, and_, case, cast, func, literal, select, union_all
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from recorder.codec import ID_BYTES
 from recorder.records import EXCLUDED_TERMINATIONS
 from recorder.schema import sessions, turns, weight_versions
 
 SOLVED_REWARD = 1.0  # a reward at or above this counts as a solve (binary 0/1 graders)
-_IDS_WIDTH = 4  # bytes per stored token id (little-endian int32, recorder.codec)
 
 
 async def version_order(conn: AsyncConnection, run_id: str) -> list[str]:
@@ -94,10 +96,11 @@ def session_facts(run_id: str, order: Sequence[str]) -> Subquery:
             sessions.c.status,
             sessions.c.termination,
             sessions.c.reward,
+            sessions.c.reward_vector,
             sessions.c.created_at,
             first_version.label("version"),
             func.coalesce(stats.c.turns, 0).label("turns"),
-            (func.coalesce(stats.c.output_bytes, 0) / _IDS_WIDTH).label("output_tokens"),
+            (func.coalesce(stats.c.output_bytes, 0) / ID_BYTES).label("output_tokens"),
             func.coalesce(stats.c.malformed, 0).label("malformed"),
             case((included, 1), else_=0).label("included"),
             case(

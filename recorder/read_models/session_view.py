@@ -1,33 +1,35 @@
 """One session as the Live UI shows it: the tree of turns, with what each turn saw and did.
 
-Contract: ``load_session(engine, session_id, decode)`` raises ``NotFound`` for an unknown
-session and otherwise returns a ``SessionView`` in two SQL statements. Turns come in tree
+Contract: ``load_session(store, session_id)`` raises ``NotFound`` for an unknown session
+and otherwise returns a ``SessionView`` in two SQL statements: the session's reward as the
+recorder's reward rule reads it (a vector as a tuple of floats), and its turns in tree
 order (depth-first from each root, children by seq) with their depth, classification and
-fork reason, the messages the turn added to its parent's conversation (all of them for a
-root; whole requests are rebuilt from linear storage, ``recorder.conversations``), the
-reply's text, reasoning and tool calls, the finish reason, the timings, and
-up to ``MAX_TOKENS`` sampled tokens with their logprobs. ``decode`` turns one token id
-into its text (the served tokenizer); it is only called for the tokens shown.
+fork reason (re-labels applied, ``recorder.rows.SideRequests``), the messages the turn
+added to its parent's conversation (all of them for a root; whole requests are rebuilt
+from linear storage, ``recorder.conversations``), the recorded answer's text, reasoning
+and tool calls (``recorder.answers``), the finish reason, the timings, and up to
+``MAX_TOKENS`` sampled tokens as (token id, logprob). Token text is not the recorder's to
+know: whoever renders the page decodes the ids with the served tokenizer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from kernel.errors import NotFound
 from recorder import codec
+from recorder.answers import Answer
 from recorder.conversations import Conversation, StoredRequest, rebuild
+from recorder.rows import Reward, SideRequests, reward_of
 from recorder.schema import sessions, turns
-from recorder.store import SIDE_REQUEST_CLASSIFICATION, SIDE_REQUEST_REASON
+from recorder.store import Store
 
 MAX_TOKENS = 2000  # per turn; the rest is summarized, so a long answer stays readable
-TokenDecoder = Callable[[int], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,7 @@ class ShownMessage:
 
 @dataclass(frozen=True, slots=True)
 class SampledToken:
-    text: str
+    token_id: int
     logprob: float
 
 
@@ -79,11 +81,11 @@ class SessionView:
     harness: str
     status: str
     termination: str | None
-    reward: float | None
+    reward: Reward
     turns: tuple[TurnView, ...]
 
 
-def _message(data: Mapping[str, Any], default_role: str = "assistant") -> ShownMessage:
+def _message(data: Mapping[str, Any], default_role: str) -> ShownMessage:
     calls = data.get("tool_calls") or ()
     return ShownMessage(
         role=str(data.get("role") or default_role),
@@ -98,12 +100,12 @@ def _message(data: Mapping[str, Any], default_role: str = "assistant") -> ShownM
     )
 
 
-def _json(blob: bytes) -> Any:
-    # Records written before a field existed hold b""; show them as empty, not as an error.
-    return orjson.loads(blob) if blob else {}
+def _reply(answer: Answer) -> ShownMessage:
+    calls = tuple((c.name, c.arguments) for c in answer.tool_calls)
+    return ShownMessage("assistant", answer.content, answer.reasoning or None, calls, None)
 
 
-async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecoder) -> SessionView:
+async def load_session(store: Store, session_id: str) -> SessionView:
     query = (
         select(
             turns.c.id,
@@ -132,7 +134,7 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
         .where(turns.c.session_id == session_id)
         .order_by(turns.c.seq)
     )
-    async with engine.connect() as conn:
+    async with store.engine.connect() as conn:
         session = (await conn.execute(select(sessions).where(sessions.c.id == session_id))).first()
         if session is None:
             raise NotFound(f"no session {session_id!r}")
@@ -144,14 +146,13 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
         parent = row.parent_turn_id if row.parent_turn_id in by_id else None
         children.setdefault(parent, []).append(row)
     conversations = rebuild(session_id, (StoredRequest.of_row(row) for row in rows))
-    # Roots a later turn showed to be side requests, even if that turn's row came first.
-    relabelled = {turn_id for row in rows for turn_id in row.side_requests or ()}
+    labels = SideRequests.of_rows(row._mapping for row in rows)
 
     views: list[TurnView] = []
     stack = [(row, 0) for row in reversed(children.get(None, []))]
     while stack:
         row, depth = stack.pop()
-        views.append(_turn_view(row, depth, conversations, decode, row.id in relabelled))
+        views.append(_turn_view(row, depth, conversations, labels))
         stack.extend((child, depth + 1) for child in reversed(children.get(row.id, [])))
     return SessionView(
         id=str(session.id),
@@ -162,7 +163,7 @@ async def load_session(engine: AsyncEngine, session_id: str, decode: TokenDecode
         harness=str(session.harness),
         status=str(session.status),
         termination=session.termination,
-        reward=None if session.reward is None else float(session.reward),
+        reward=reward_of(session.reward, session.reward_vector),
         turns=tuple(views),
     )
 
@@ -171,8 +172,7 @@ def _turn_view(
     row: Any,
     depth: int,
     conversations: Mapping[str, Conversation],
-    decode: TokenDecoder,
-    relabelled: bool,
+    labels: SideRequests,
 ) -> TurnView:
     parent = conversations.get(row.parent_turn_id) if row.parent_turn_id else None
     # A continuation repeats its parent's messages and reply; show only what it added.
@@ -181,9 +181,7 @@ def _turn_view(
     output_ids = codec.decode_ids(row.output_ids)
     logprobs = codec.decode_logprobs(row.logprobs)
     shown = zip(output_ids[:MAX_TOKENS], logprobs[:MAX_TOKENS], strict=False)
-    classification, fork_reason = str(row.classification), row.fork_reason
-    if relabelled and classification == "root":  # as Store.list_turns reads it
-        classification, fork_reason = SIDE_REQUEST_CLASSIFICATION, SIDE_REQUEST_REASON
+    classification, fork_reason = labels.label(row.id, row.classification, row.fork_reason)
     return TurnView(
         id=str(row.id),
         seq=int(row.seq),
@@ -196,13 +194,13 @@ def _turn_view(
         weight_version=str(row.weight_version),
         adapter=str(row.adapter),
         error=row.error,
-        prompt_tokens=int(row.prompt_offset) + len(row.prompt_ids) // 4,
+        prompt_tokens=int(row.prompt_offset) + len(row.prompt_ids) // codec.ID_BYTES,
         output_tokens=len(output_ids),
         malformed_tool_calls=int(row.malformed_tool_calls),
         first_token_s=row.first_token_s,
         finished_s=row.finished_s,
         backend_s=row.backend_s,
         new_messages=tuple(_message(m, "user") for m in messages if isinstance(m, Mapping)),
-        reply=_message(_json(row.response_message)),
-        tokens=tuple(SampledToken(decode(i), lp) for i, lp in shown),
+        reply=_reply(Answer.decode(row.response_message)),
+        tokens=tuple(SampledToken(i, lp) for i, lp in shown),
     )
