@@ -34,7 +34,8 @@ Forms (``FORMATS``), each carrying the same values, under ``SCHEMA_VERSION``:
 
 Encoders: ``segment_json`` (one segment, also the trajectory route's), ``claim_json`` (a
 whole ``json``/``b64v1`` claim as a JSON-ready dict, arrays left as numpy for orjson's
-``OPT_SERIALIZE_NUMPY``), ``binv1_head`` and ``binv1_sample`` (the frames, as pieces that
+``OPT_SERIALIZE_NUMPY``; ``claim_body`` the same from a head and samples already encoded
+with ``sample_json``), ``binv1_head`` and ``binv1_sample`` (the frames, as pieces that
 view the arrays; ``encode_frame`` lays out any header), and ``encode_claim`` (a whole
 body, any form). ``decode_claim(body)`` reads all three back into a ``ClaimedBatch``,
 converting arrays to the dtypes above (integers that do not fit are refused, never
@@ -48,7 +49,7 @@ from __future__ import annotations
 import base64
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -219,11 +220,22 @@ def _group_json(group: GroupHead | ClaimedGroup) -> dict[str, object]:
 
 def claim_json(batch: ClaimedBatch) -> dict[str, object]:
     """A ``json`` or ``b64v1`` claim, ready for ``orjson.dumps(OPT_SERIALIZE_NUMPY)``."""
+    samples = [sample_json(s, batch.format) for g in batch.groups for s in g.samples]
+    return claim_body(batch.head, samples)
+
+
+def claim_body(head: BatchHead, samples: Sequence[Mapping[str, object]]) -> dict[str, object]:
+    """``claim_json`` of a batch whose samples are already in their JSON form
+    (``sample_json``), group by group in order: a server encodes each sample as it reads
+    it, while the next one is read."""
+    if len(samples) != sum(g.sample_count for g in head.groups):
+        raise RecorderError(f"{len(samples)} samples for a batch head that counts otherwise")
+    rest = iter(samples)
     groups = [
-        {**_group_json(g), "samples": [sample_json(s, batch.format) for s in g.samples]}
-        for g in batch.groups
+        {**_group_json(g), "samples": [next(rest) for _ in range(g.sample_count)]}
+        for g in head.groups
     ]
-    return {**_head_json(batch.head), "groups": groups}
+    return {**_head_json(head), "groups": groups}
 
 
 def binv1_head(head: BatchHead) -> list[bytes | memoryview]:

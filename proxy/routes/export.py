@@ -48,14 +48,13 @@ from recorder.export import AlignmentReport, Claim, ExportStore
 from recorder.export_wire import (
     MEDIA_TYPE,
     BatchHead,
-    ClaimedBatch,
-    ClaimedGroup,
     ClaimedSample,
     GroupHead,
     binv1_head,
     binv1_sample,
     check_format,
-    claim_json,
+    claim_body,
+    sample_json,
 )
 from recorder.records import EXCLUDED_TERMINATIONS, SessionInfo
 from recorder.store import Store
@@ -182,26 +181,13 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         for group in result.groups:
             state.metrics.export_staleness.observe(group.staleness)
         session_ids = [sid for group in result.groups for sid in group.session_ids]
+        head = _head(result, wire)
         if wire == "binv1":
-            frames = _binv1_claim(state, _head(result, wire), session_ids)
+            frames = _binv1_claim(state, head, session_ids)
             return StreamingResponse(frames, media_type=MEDIA_TYPE)
-        samples = iter([sample async for sample in _samples(state, session_ids)])
-        groups = tuple(
-            ClaimedGroup(
-                g.group_id, g.task_id, tuple(next(samples) for _ in g.session_ids), g.staleness
-            )
-            for g in result.groups
-        )
-        return claim_json(
-            ClaimedBatch(
-                batch_id=result.batch_id,
-                groups=groups,
-                zero_variance_groups=result.zero_variance_groups,
-                stale_groups=result.stale_groups,
-                lease_expires_at=result.lease_expires_at,
-                format=wire,
-            )
-        )
+        # Each sample is encoded as it arrives, while the next one is read.
+        samples = [sample_json(sample, wire) async for sample in _samples(state, session_ids)]
+        return claim_body(head, samples)
 
     async def ack(state: ExportState, request: Request) -> object:
         batch_id = str(request.path_params["batch_id"])

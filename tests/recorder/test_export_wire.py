@@ -32,10 +32,12 @@ from recorder.export_wire import (
     Segment,
     binv1_head,
     binv1_sample,
+    claim_body,
     claim_json,
     decode_claim,
     encode_claim,
     encode_frame,
+    sample_json,
     segment_json,
 )
 from tests.recorder.builders import segment
@@ -319,3 +321,13 @@ def test_claim_json_leaves_arrays_to_orjson() -> None:
     assert isinstance(sample, list)
     tokens = sample[0]["samples"][0]["segments"][0]["tokens"]
     assert isinstance(tokens, np.ndarray)
+
+
+def test_a_claim_body_from_samples_encoded_one_by_one_is_the_whole_claim() -> None:
+    sent = batch("b64v1")
+    samples = [sample_json(s, "b64v1") for g in sent.groups for s in g.samples]
+    assert orjson.dumps(claim_body(sent.head, samples), option=orjson.OPT_SERIALIZE_NUMPY) == (
+        encode_claim(sent)
+    )
+    with pytest.raises(RecorderError):
+        claim_body(sent.head, samples[:-1])
