@@ -4,15 +4,16 @@ Owns ``ToolCallSplitter``. Contract (content text in, in order; events out):
 
 - Text outside ``<tool_call>...</tool_call>`` blocks becomes ``TextDelta`` as soon as it is
   known not to be the start of ``<tool_call>``; a block is buffered until it closes and then
-  parsed (``tool_formats.parse_block``).
-- A well-formed block becomes one ``ToolCallDelta(index, ToolCall(id=f"{prefix}{index}",
-  ...))``, indices counting well-formed calls from 0. Whitespace adjacent to a well-formed
-  block (before it, between blocks, after it) is separator markup and is not emitted;
-  to know that, trailing whitespace of the text is held back until the next non-whitespace.
-- A malformed block (bad JSON, unknown or missing tool name, or still open at ``finish``)
-  is emitted verbatim as ``TextDelta``, tags and neighbouring whitespace included, and
-  counted in ``malformed``. Text after tool calls is emitted too: nothing is dropped except
-  the separator whitespace above.
+  parsed (``tool_formats.parse_block``), as is a block still open at ``finish``.
+- Each call in a well-formed block becomes one ``ToolCallDelta(index,
+  ToolCall(id=f"{prefix}{index}", ...))``, indices counting calls from 0. Whitespace
+  adjacent to a well-formed block (before it, between blocks, after it) is separator markup
+  and is not emitted; to know that, trailing whitespace of the text is held back until the
+  next non-whitespace.
+- A block that holds no call (bad JSON, only unknown tools, no ``<function=``) is emitted
+  verbatim as ``TextDelta``, tags and neighbouring whitespace included, and counted in
+  ``malformed``. Text after tool calls is emitted too: nothing is dropped except the
+  separator whitespace above.
 - An open block is kept in pieces and only its tail is searched again, so a long call (a
   whole file as an argument) costs time proportional to its length.
 """
@@ -67,10 +68,9 @@ class ToolCallSplitter:
     def finish(self) -> list[ContentEvent]:
         events: list[ContentEvent] = []
         if self._phase is _Phase.BLOCK:
-            self.malformed += 1
-            raw = self._block_lead + TOOL_CALL_OPEN + "".join(self._block)
-            self._emit_raw(raw, events)
+            body = "".join(self._block)
             self._phase = _Phase.TEXT
+            self._close_block(body, "", events, closed=False)
         else:
             held, self._held = self._held, ""
             self._emit_text(held, events)
@@ -112,19 +112,22 @@ class ToolCallSplitter:
         body = body + text[:cut] if cut >= 0 else body[: len(body) + cut]
         self._block.clear()
         self._phase = _Phase.TEXT
-        parsed = parse_block(self._parser, body, self._tools)
-        if parsed is None:
+        self._close_block(body, TOOL_CALL_CLOSE, events, closed=True)
+        return text[cut + len(TOOL_CALL_CLOSE) :]
+
+    def _close_block(
+        self, body: str, close: str, events: list[ContentEvent], *, closed: bool
+    ) -> None:
+        parsed = parse_block(self._parser, body, self._tools, closed=closed)
+        if not parsed:
             self.malformed += 1
-            self._emit_raw(self._block_lead + TOOL_CALL_OPEN + body + TOOL_CALL_CLOSE, events)
-        else:
+            self._emit_raw(self._block_lead + TOOL_CALL_OPEN + body + close, events)
+        for call in parsed:
             call_id = f"{self._call_id_prefix}{self.calls}"
-            events.append(
-                ToolCallDelta(self.calls, ToolCall(call_id, parsed.name, parsed.arguments))
-            )
+            events.append(ToolCallDelta(self.calls, ToolCall(call_id, call.name, call.arguments)))
             self.calls += 1
             self._after_call = True
         self._block_lead = ""
-        return text[cut + len(TOOL_CALL_CLOSE) :]
 
     def _emit_raw(self, raw: str, events: list[ContentEvent]) -> None:
         events.append(TextDelta(raw))
