@@ -7,8 +7,9 @@ an error, so nothing is raised). Both formats read a block the way SGLang 0.5.23
 detectors do (``qwen25_detector.py``, ``qwen3_coder_detector.py``), which
 ``tests/proxy/parsing/test_sglang_differential.py`` checks against SGLang itself:
 
-- ``qwen3`` (SGLang's ``qwen25``): ``\\n{"name": "f", "arguments": {...}}\\n``, the newlines
-  included, or a JSON list of such objects (one call each). ``parameters`` stands for
+- ``qwen3`` (SGLang's ``qwen25``): ``{"name": "f", "arguments": {...}}\\n`` (the block
+  opened with ``<tool_call>\\n``, see ``tool_calls``; the newline before the closing tag is
+  required too), or a JSON list of such objects (one call each). ``parameters`` stands for
   ``arguments`` when that is missing or empty; no arguments means ``{}``. A call to a tool
   not in ``tools`` is skipped.
 - ``qwen3_coder``: each ``<function=NAME>`` up to ``</function>`` (or the block's end) is a
@@ -59,7 +60,7 @@ def parse_block(
 
 
 def _parse_json(body: str, tools: Mapping[str, ToolSpec]) -> tuple[ParsedCall, ...]:
-    if not (body.startswith("\n") and body.endswith("\n")):
+    if not body.endswith("\n"):
         return ()  # SGLang matches "<tool_call>\n" ... "\n</tool_call>" only
     try:
         payload = json.loads(body.strip())
