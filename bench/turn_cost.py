@@ -2,10 +2,11 @@
 
 Builds agent sessions (tool call, ~500-token tool result, repeat) with the project's tiny
 tokenizer, or any tokenizer directory given with ``--tokenizer`` (a real Qwen3.5 one:
-``python -m tests.support.real_models`` builds them), up to about 1k, 10k and 100k tokens, then times, at each length, a turn through
-the ledger (``plan`` with incremental rendering + ``commit``) of the next turn, a real
-extend of the last one (repeated with other tool results), and the baseline the ledger
-replaces (whole-conversation render + tokenize of the same requests), in the same run.
+``python -m tests.support.real_models`` builds them), up to about 1k, 10k and 100k
+tokens, then times, at each length, a turn through the ledger (``plan`` with incremental
+rendering + ``commit``) of the next turn, a real extend of the last one (repeated with
+other tool results), and the baseline the ledger replaces (whole-conversation render +
+tokenize of the same requests), in the same run.
 Targets (issue 3): the ledger's turn at 100k within 2x of its turn at 1k, and at least 20x
 below the baseline.
 
@@ -62,7 +63,8 @@ def sampled(
     opening = renderer.render_text(request(messages[:2]))
     whole = renderer.render_text(request([*messages[:2], message]), generation_prompt=False)
     eos = tokenizer.eos_token_id
-    assert eos is not None and whole.startswith(opening)
+    assert eos is not None
+    assert whole.startswith(opening)
     text = whole[len(opening) : whole.index(str(tokenizer.decode([eos])), len(opening))]
     return (*tokenizer.encode(text, add_special_tokens=False), eos)
 

@@ -5,9 +5,9 @@ Owns the model directory layout and its one-time construction:
 - Where it lives by default is ``kernel.paths.default_model_dir(data_dir)``.
 - ``ensure_tiny_model(path, tokenizer_from=None)`` builds the directory if
   ``path/config.json`` is missing and returns ``path``; with ``tokenizer_from`` the model is
-  built for that tokenizer (a real one, in tests) instead of the tiny one. The build happens in a sibling temporary directory that is renamed into
-  place, so concurrent processes never see a half-written model; the loser of a race
-  discards its copy.
+  built for that tokenizer (a real one, in tests) instead of the tiny one. The build
+  happens in a sibling temporary directory that is renamed into place, so concurrent
+  processes never see a half-written model; the loser of a race discards its copy.
 - ``build_tokenizer`` (re-exported from ``engine.tokenizer_build``) needs no torch.
 
 The model is a ``Qwen3MoeForCausalLM`` (4 layers, layer 0 dense, 3 MoE layers of 8 experts,

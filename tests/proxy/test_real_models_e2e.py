@@ -53,9 +53,9 @@ BASH_SCHEMA: dict[str, Any] = {
 }
 READ_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"path": {"type": "string"}}}
 OPENAI_TOOLS: Any = [
-    {"type": "function", "function": {"name": "bash", "description": "Run.", "parameters": BASH_SCHEMA}},
-    {"type": "function", "function": {"name": "read", "description": "Read.", "parameters": READ_SCHEMA}},
-]  # fmt: skip
+    {"type": "function", "function": {"name": n, "description": "Run.", "parameters": schema}}
+    for n, schema in (("bash", BASH_SCHEMA), ("read", READ_SCHEMA))
+]
 ANTHROPIC_TOOLS: Any = [
     {"name": "bash", "description": "Run.", "input_schema": BASH_SCHEMA},
     {"name": "read", "description": "Read.", "input_schema": READ_SCHEMA},
@@ -65,8 +65,7 @@ FIRST_ARGS = [
     ("read", {"path": "a.txt"}),
 ]
 LONG_OUTPUT = "".join(
-    f"línea {i}: Grüße 👋 你好 <tool_call> not a call </think> {'é' * (i % 5)}\n"
-    for i in range(80)
+    f"línea {i}: Grüße 👋 你好 <tool_call> not a call </think> {'é' * (i % 5)}\n" for i in range(80)
 )
 QUESTION = "Is `</think>` a tag? And <tool_call>? FINAL_CHECK"
 
@@ -190,8 +189,9 @@ def openai_echo(message: Any) -> dict[str, Any]:
     calls = []
     for call in message.tool_calls or []:
         arguments = dict(reversed(json.loads(call.function.arguments).items()))
-        calls.append({"id": call.id, "type": "function", "function": {
-            "name": call.function.name, "arguments": json.dumps(arguments, separators=(",", ":"))}})  # fmt: skip
+        compact = json.dumps(arguments, separators=(",", ":"))
+        function = {"name": call.function.name, "arguments": compact}
+        calls.append({"id": call.id, "type": "function", "function": function})
     if calls:
         out["tool_calls"] = calls
     return out
@@ -237,7 +237,9 @@ def test_anthropic_tool_loop_extends_every_turn(stack: RealStack) -> None:
     client = anthropic.Anthropic(base_url=session["anthropic_base_url"], api_key="x", max_retries=0)
     stack.tap.reset()
     messages: list[Any] = [{"role": "user", "content": "START: list the files, then read a.txt."}]
-    first = client.messages.create(model="m", max_tokens=512, messages=messages, tools=ANTHROPIC_TOOLS)
+    first = client.messages.create(
+        model="m", max_tokens=512, messages=messages, tools=ANTHROPIC_TOOLS
+    )
     uses = [b for b in first.content if b.type == "tool_use"]
     assert [(b.name, b.input) for b in uses] == FIRST_ARGS
     assert first.stop_reason == "tool_use"
@@ -251,7 +253,9 @@ def test_anthropic_tool_loop_extends_every_turn(stack: RealStack) -> None:
         {"type": "tool_result", "tool_use_id": uses[1].id, "content": "Error: no a.txt",
          "is_error": True},
     ]})  # fmt: skip
-    second = client.messages.create(model="m", max_tokens=512, messages=messages, tools=ANTHROPIC_TOOLS)
+    second = client.messages.create(
+        model="m", max_tokens=512, messages=messages, tools=ANTHROPIC_TOOLS
+    )
     assert [b.text.rstrip() for b in second.content if b.type == "text"] == ["a.txt is missing."]
     assert extends(stack.tap, 0, 1)
     turns = stack.proxy.trajectory(session["id"])["turns"]
