@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -13,6 +12,7 @@ from recorder.migrate import upgrade_database
 from recorder.scratch_postgres import PostgresServer, PostgresUnavailable, running_postgres
 from recorder.store import Store
 from tests.support.engine_server import tiny_model_dir as tiny_model_dir
+from tests.support.optional import unavailable
 from tests.support.real_models import FetchImpossible, real_models
 
 # ---------------------------------------------------------------------------------------
@@ -90,6 +90,4 @@ def real_tokenizer_dirs() -> dict[str, Path]:
     try:
         return real_models()
     except FetchImpossible as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"real Qwen tokenizers unavailable: {exc}")
+        unavailable(f"real Qwen tokenizers unavailable: {exc}")

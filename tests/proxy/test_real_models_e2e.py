@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import pytest
 from transformers import PreTrainedTokenizerBase
@@ -30,28 +29,14 @@ from transformers import PreTrainedTokenizerBase
 from engine.config import EngineConfig
 from engine.loopback import running_engine
 from engine.tiny import ensure_tiny_model
-from kernel.threaded import free_port, serve
-from proxy.app import create_app
+from kernel.threaded import serve
 from proxy.canonical import ChatRequest, Message, ToolCall, ToolSpec
 from proxy.render import load_tokenizer
-from proxy.settings import Settings
-from recorder.scratch_postgres import PostgresServer
-from tests.proxy.conftest import ADMIN_KEY, Proxy
+from tests.proxy.conftest import Proxy, running_proxy
 from tests.support.real_models import BUILD_VERSION, REAL_TEMPLATES, default_cache
-from tests.support.real_policy import sampled_text
+from tests.support.real_policy import BASH_SCHEMA, READ_SCHEMA, THINKING, sampled_text
 from tests.support.tap import BackendTap
 
-THINKING = ("qwen3", "qwen3.5")
-BASH_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "command": {"type": "string"},
-        "timeout": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
-        "background": {"type": "boolean"},
-    },
-    "required": ["command"],
-}
-READ_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"path": {"type": "string"}}}
 OPENAI_TOOLS: Any = [
     {"type": "function", "function": {"name": n, "description": "Run.", "parameters": schema}}
     for n, schema in (("bash", BASH_SCHEMA), ("read", READ_SCHEMA))
@@ -129,28 +114,8 @@ async def _stack(
     **settings: Any,
 ) -> AsyncIterator[RealStack]:
     name, model, tap = engine
-    database_url: str | None = None
-    server: PostgresServer | None = None
-    if request.param == "postgres":
-        server = request.getfixturevalue("postgres_server")
-        database_url = await server.create_database()
-    port = free_port()
-    config = Settings(
-        port=port,
-        data_dir=tmp_path_factory.mktemp("proxy-data"),
-        database_url=database_url,
-        backend_url=tap.url,
-        tokenizer_path=model,
-        admin_key=ADMIN_KEY,
-        **settings,
-    )
-    with (
-        serve(create_app(config), port=port) as url,
-        httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin,
-    ):
-        yield RealStack(name, load_tokenizer(model), Proxy(url, config, admin), tap)
-    if server is not None and database_url is not None:
-        await server.drop_database(database_url)
+    async for proxy in running_proxy(request, tap.url, model, tmp_path_factory, **settings):
+        yield RealStack(name, load_tokenizer(model), proxy, tap)
 
 
 DATABASES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -9,16 +9,33 @@ text tokenized alone (a model cannot re-merge its prompt's last tokens) plus eos
 render of ``request`` writes after the answer at ``answer_index``: the reference for a
 continuation's new tokens, computed by a second route (counting end-of-turn tokens in a
 whole render) from the one the ledger takes.
+
+``BASH_SCHEMA`` / ``READ_SCHEMA`` are the tools the real-template tests offer (a string, an
+``Optional[int]`` and a boolean: what the XML templates render with ``| string``), and
+``THINKING`` names the templates that write think blocks.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from proxy.canonical import ChatRequest, Message
 from proxy.render import Renderer
+
+THINKING = ("qwen3", "qwen3.5")
+BASH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "command": {"type": "string"},
+        "timeout": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "background": {"type": "boolean"},
+    },
+    "required": ["command"],
+}
+READ_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"path": {"type": "string"}}}
 
 
 def eos_text(tokenizer: PreTrainedTokenizerBase) -> str:

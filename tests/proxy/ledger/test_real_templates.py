@@ -35,29 +35,17 @@ from proxy.render import Renderer, load_tokenizer
 from proxy.served_template import served_template
 from proxy.settings import ToolParser
 from tests.support.real_models import BY_NAME, REAL_TEMPLATES
-from tests.support.real_policy import sampled_ids, whole_suffix
+from tests.support.real_policy import (
+    BASH_SCHEMA,
+    READ_SCHEMA,
+    THINKING,
+    sampled_ids,
+    whole_suffix,
+)
 
 NAMES = [t.name for t in REAL_TEMPLATES]
-THINKING = ("qwen3", "qwen3.5")  # the templates that write think blocks
-
-BASH = ToolSpec(
-    name="bash",
-    description="Run a shell command.",
-    parameters={
-        "type": "object",
-        "properties": {
-            "command": {"type": "string"},
-            "timeout": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
-            "background": {"type": "boolean"},
-        },
-        "required": ["command"],
-    },
-)
-READ = ToolSpec(
-    name="read",
-    description="Read a file.",
-    parameters={"type": "object", "properties": {"path": {"type": "string"}}},
-)
+BASH = ToolSpec(name="bash", description="Run a shell command.", parameters=BASH_SCHEMA)
+READ = ToolSpec(name="read", description="Read a file.", parameters=READ_SCHEMA)
 TOOLS = (BASH, READ)
 LONG_OUTPUT = "".join(
     f"línea {i}: Grüße 👋 你好 → ok <tool_call> not a call </think> {'é' * (i % 7)}\n"

@@ -20,7 +20,6 @@ closing note stays true in both directions.
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +39,7 @@ from proxy.canonical import (
 from proxy.parsing.parser import OutputParser
 from proxy.render import Renderer, load_tokenizer
 from proxy.settings import ToolParser
+from tests.support.optional import unavailable
 from tests.support.real_models import BY_NAME, REAL_TEMPLATES
 from tests.support.real_policy import sampled_text
 from tests.support.sglang_parsers import (
@@ -194,9 +194,7 @@ def sglang() -> SGLangParsers:
     try:
         return sglang_parsers()
     except SGLangUnavailable as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"SGLang's parsers unavailable: {exc}")
+        unavailable(f"SGLang's parsers unavailable: {exc}")
 
 
 @pytest.fixture(scope="module")
