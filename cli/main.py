@@ -49,7 +49,12 @@ def _serve(args: argparse.Namespace) -> None:
     if settings.tokenizer_path is not None:
         # Refuse a template the ledger cannot serve with one line, before anything starts
         # (inside the app's start-up the same LegoError would reach uvicorn's traceback).
-        served_template(settings.tokenizer_path, settings.tool_parser)
+        template = served_template(settings.tokenizer_path, settings.tool_parser)
+        print(
+            f"lego-proxy: tool calls parsed as {template.tool_parser} "
+            f"({template.tool_parser_source})",
+            file=sys.stderr,
+        )
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -28,6 +28,7 @@ from proxy.settings import DEV_ADMIN_KEY
 from recorder.records import TurnRecord, TurnStatus
 from recorder.scratch_postgres import PostgresServer
 from recorder.store import Store
+from tests.support.real_models import BY_NAME
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +293,9 @@ def test_serve_starts_on_each_real_template(
     finally:
         process.terminate()
         process.wait(30)
+    output = process.stdout.read().decode() if process.stdout else ""
+    expected = BY_NAME[name].tool_parser
+    assert f"lego-proxy: tool calls parsed as {expected} (the chat template)" in output
 
 
 @pytest.mark.parametrize(
