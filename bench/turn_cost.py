@@ -1,14 +1,19 @@
 """Per-turn CPU cost of the history ledger against re-rendering the whole conversation.
 
 Builds agent sessions (tool call, ~500-token tool result, repeat) with the project's tiny
-tokenizer up to about 1k, 10k and 100k tokens, then times, at each length, a turn through
-the ledger (``plan`` with incremental rendering + ``commit``) of the next turn, a real
-extend of the last one (repeated with other tool results), and the baseline the ledger
-replaces (whole-conversation render + tokenize of the same requests), in the same run.
+tokenizer, or any tokenizer directory given with ``--tokenizer`` (a real Qwen3.5 one:
+``python -m tests.support.real_models`` builds them), up to about 1k, 10k and 100k
+tokens, then times, at each length, a turn through the ledger (``plan`` with incremental
+rendering + ``commit``) of the next turn, a real extend of the last one (repeated with
+other tool results), and the baseline the ledger replaces (whole-conversation render +
+tokenize of the same requests), in the same run.
 Targets (issue 3): the ledger's turn at 100k within 2x of its turn at 1k, and at least 20x
 below the baseline.
 
-    python -m bench.turn_cost [--repeats 25]
+    python -m bench.turn_cost [--repeats 25] [--tokenizer DIR]
+
+Each answer is sampled in the served template's own format (its render of the answer as
+the last message, after the generation prompt), tokenized alone, plus eos.
 """
 
 from __future__ import annotations
@@ -50,15 +55,18 @@ def result(turn: int, salt: int = 0) -> Message:
     return Message(role="tool", content=text, tool_call_id=f"c{turn}")
 
 
-def sampled(tokenizer: PreTrainedTokenizerBase, message: Message) -> tuple[int, ...]:
-    call = message.tool_calls[0]
-    text = (
-        f"<think>\n{message.reasoning}\n</think>\n\n<tool_call>\n"
-        f'{{"name": "{call.name}", "arguments": {call.arguments}}}\n</tool_call>'
-    )
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    assert tokenizer.eos_token_id is not None
-    return (*ids, tokenizer.eos_token_id)
+def sampled(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], message: Message
+) -> tuple[int, ...]:
+    """The template's own text for the answer, as a model trained on it writes it."""
+    renderer = Renderer(tokenizer)
+    opening = renderer.render_text(request(messages[:2]))
+    whole = renderer.render_text(request([*messages[:2], message]), generation_prompt=False)
+    eos = tokenizer.eos_token_id
+    assert eos is not None
+    assert whole.startswith(opening)
+    text = whole[len(opening) : whole.index(str(tokenizer.decode([eos])), len(opening))]
+    return (*tokenizer.encode(text, add_special_tokens=False), eos)
 
 
 def request(messages: list[Message]) -> ChatRequest:
@@ -70,13 +78,21 @@ def request(messages: list[Message]) -> ChatRequest:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=REPEATS, help="extends timed per length")
-    repeats = parser.parse_args().repeats
-    with tempfile.TemporaryDirectory() as directory:
-        build_tokenizer(Path(directory))
-        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(directory)
+    parser.add_argument(
+        "--tokenizer", type=Path, default=None, help="tokenizer directory (default: the tiny one)"
+    )
+    args = parser.parse_args()
+    repeats = args.repeats
+    if args.tokenizer is not None:
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(args.tokenizer))
+    else:
+        with tempfile.TemporaryDirectory() as directory:
+            build_tokenizer(Path(directory))
+            tokenizer = AutoTokenizer.from_pretrained(directory)
     book = LedgerBook(tokenizer)
     book.self_check()
     renderer = Renderer(tokenizer)
+    print(f"tokenizer: {args.tokenizer or 'tiny (built)'}, vocabulary {len(tokenizer)}")
     session = uuid.uuid4().hex
     history = [SYSTEM, Message(role="user", content="Explore the repository.")]
     turn = 0
@@ -86,7 +102,8 @@ def main() -> None:
             req = request(history)
             message = answer(turn)
             plan = book.plan(session, req)
-            book.commit(session, plan, req, sampled(tokenizer, message), message, f"t{turn}")
+            output = sampled(tokenizer, history, message)
+            book.commit(session, plan, req, output, message, f"t{turn}")
             assert plan.classification in ("root", "extend")
             history += [message, result(turn)]
             turn += 1
@@ -101,7 +118,7 @@ def main() -> None:
         for repetition in range(repeats):
             req = request([*answered, result(turn - 1, salt=repetition + 1)])
             message = answer(turn)
-            output = sampled(tokenizer, message)
+            output = sampled(tokenizer, history, message)
             started = time.perf_counter()
             plan = book.plan(session, req)
             book.commit(session, plan, req, output, message, uuid.uuid4().hex)

@@ -38,6 +38,7 @@ def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.served_template import served_template
 
     overrides: dict[str, Any] = {}
     if args.host is not None:
@@ -45,6 +46,15 @@ def _serve(args: argparse.Namespace) -> None:
     if args.port is not None:
         overrides["port"] = args.port
     settings = _load_settings(**overrides)
+    if settings.tokenizer_path is not None:
+        # Refuse a template the ledger cannot serve with one line, before anything starts
+        # (inside the app's start-up the same LegoError would reach uvicorn's traceback).
+        template = served_template(settings.tokenizer_path, settings.tool_parser)
+        print(
+            f"lego-proxy: tool calls parsed as {template.tool_parser} "
+            f"({template.tool_parser_source})",
+            file=sys.stderr,
+        )
     uvicorn.run(
         create_app(settings),
         host=settings.host,

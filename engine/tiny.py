@@ -3,10 +3,11 @@
 Owns the model directory layout and its one-time construction:
 
 - Where it lives by default is ``kernel.paths.default_model_dir(data_dir)``.
-- ``ensure_tiny_model(path)`` builds the directory if ``path/config.json`` is missing and
-  returns ``path``. The build happens in a sibling temporary directory that is renamed into
-  place, so concurrent processes never see a half-written model; the loser of a race
-  discards its copy.
+- ``ensure_tiny_model(path, tokenizer_from=None)`` builds the directory if
+  ``path/config.json`` is missing and returns ``path``; with ``tokenizer_from`` the model is
+  built for that tokenizer (a real one, in tests) instead of the tiny one. The build
+  happens in a sibling temporary directory that is renamed into place, so concurrent
+  processes never see a half-written model; the loser of a race discards its copy.
 - ``build_tokenizer`` (re-exported from ``engine.tokenizer_build``) needs no torch.
 
 The model is a ``Qwen3MoeForCausalLM`` (4 layers, layer 0 dense, 3 MoE layers of 8 experts,
@@ -75,14 +76,21 @@ def _build_model(path: Path) -> None:
     model.save_pretrained(str(path), safe_serialization=True)
 
 
-def ensure_tiny_model(path: Path) -> Path:
-    """Build the tiny model into ``path`` unless ``path/config.json`` exists; return ``path``."""
+def ensure_tiny_model(path: Path, tokenizer_from: Path | None = None) -> Path:
+    """Build the tiny model into ``path`` unless ``path/config.json`` exists; return ``path``.
+
+    ``tokenizer_from``: a tokenizer directory to build the model for (its files are copied
+    in; the vocabulary sets the embedding size) instead of the tiny model's own tokenizer.
+    """
     if (path / "config.json").exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.parent / f".{path.name}.building-{uuid.uuid4().hex}"
     try:
-        build_tokenizer(staging)
+        if tokenizer_from is None:
+            build_tokenizer(staging)
+        else:
+            shutil.copytree(tokenizer_from, staging)
         _build_model(staging)
         try:
             os.rename(staging, path)

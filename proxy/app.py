@@ -1,7 +1,8 @@
 """``create_app(settings)``: the one place the proxy's lifecycles live.
 
 Start-up, in order: the embedded engine (only when no backend URL is set), the tokenizer
-whose chat template renders prompts, the pooled HTTP client, the database (brought to the
+whose chat template renders prompts (checked, and its tool-call format decided, by
+``proxy.served_template``), the pooled HTTP client, the database (brought to the
 current schema under a lock), the turn writer, then the routes. Shutdown reverses it and
 flushes every pending turn. Nothing happens at import time and nothing is global: two apps
 in one process share nothing.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,8 +39,8 @@ from proxy.ledger import LedgerBook
 from proxy.metrics import Metrics
 from proxy.pipeline import Pipeline
 from proxy.readiness import check_readiness
-from proxy.render import load_tokenizer
 from proxy.routes import control, export, inference, ui
+from proxy.served_template import served_template
 from proxy.sessions import SessionCache
 from proxy.settings import Settings
 from proxy.state import AppState
@@ -48,6 +50,8 @@ from recorder.migrate import upgrade_database
 from recorder.spool import Spool
 from recorder.store import Store
 from recorder.writer import TurnWriter
+
+_log = logging.getLogger(__name__)
 
 
 def expert_shape(model_dir: Path) -> ExpertShape | None:
@@ -112,7 +116,9 @@ def create_app(settings: Settings) -> FastAPI:
             health_interval_s=settings.backend_health_interval_s,
         )
         try:
-            tokenizer = load_tokenizer(model_dir)
+            template = served_template(model_dir, settings.tool_parser)
+            tokenizer = template.tokenizer
+            _log.info("tool-call format %s (%s)", template.tool_parser, template.tool_parser_source)
             await upgrade_database(settings.effective_database_url)
             # One spool directory per proxy (host + port), so a restart finds its own spool;
             # spools of proxies that died elsewhere under the same root are adopted too.
@@ -146,11 +152,11 @@ def create_app(settings: Settings) -> FastAPI:
                 keep_reasoning=settings.keep_reasoning,
                 max_sessions=settings.max_sessions_held,
             )
-            ledger.self_check()  # refuse a template the ledger cannot render incrementally
             conversations = ConversationBook(settings.max_sessions_held)
             pipeline = Pipeline(
                 settings=settings,
                 tokenizer=tokenizer,
+                tool_parser=template.tool_parser,
                 ledger=ledger,
                 conversations=conversations,
                 backend=backend,

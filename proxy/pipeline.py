@@ -52,7 +52,7 @@ from proxy.ledger import Classification, ForkReason, LedgerBook, PromptPlan
 from proxy.ledger.codec import answer_of
 from proxy.metrics import Metrics
 from proxy.parsing.parser import OutputParser
-from proxy.settings import Settings
+from proxy.settings import Settings, ToolParser
 from proxy.tokens import TokenIds
 from recorder.records import RoutedExperts, SessionInfo, TurnRecord, TurnStatus, TurnTimings
 from recorder.store import Store
@@ -127,6 +127,7 @@ class Pipeline:
         *,
         settings: Settings,
         tokenizer: PreTrainedTokenizerBase,
+        tool_parser: ToolParser,
         ledger: LedgerBook,
         conversations: ConversationBook,
         backend: SGLangBackend,
@@ -138,6 +139,7 @@ class Pipeline:
         self._gate = gate
         self._settings = settings
         self._tokenizer = tokenizer
+        self._tool_parser = tool_parser
         self._ledger = ledger
         self._conversations = conversations
         self._backend = backend
@@ -227,7 +229,7 @@ class Pipeline:
         request = turn.request
         parser = OutputParser(
             tokenizer=self._tokenizer,
-            tool_parser=self._settings.tool_parser,
+            tool_parser=self._tool_parser,
             tools=request.tools,
             stop=request.sampling.stop,
             call_id_prefix=f"call_{turn.turn_id[:16]}_",

@@ -17,16 +17,19 @@ from pathlib import Path
 import orjson
 from transformers import PreTrainedTokenizerBase
 
-from kernel.errors import InvalidRequest
+from kernel.errors import InvalidRequest, LegoError
 from proxy.canonical import ChatRequest, JsonObject, Message, ToolChoiceMode, ToolSpec
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer  # heavy import, only at start-up
 
-    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(path))
+    try:
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:  # what transformers raises for a bad directory
+        raise LegoError(f"no tokenizer can be loaded from {path}: {exc}") from exc
     if getattr(tokenizer, "chat_template", None) is None:
-        raise InvalidRequest(f"the tokenizer at {path} has no chat template")
+        raise LegoError(f"the tokenizer at {path} has no chat template")
     return tokenizer
 
 
@@ -74,7 +77,7 @@ class Renderer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self._tokenizer = tokenizer
 
-    def render_text(self, request: ChatRequest) -> str:
+    def render_text(self, request: ChatRequest, *, generation_prompt: bool = True) -> str:
         tools = (
             [template_tool(t) for t in request.tools]
             if request.tools and request.tool_choice.mode is not ToolChoiceMode.NONE
@@ -89,7 +92,7 @@ class Renderer:
             text = apply_template(
                 [template_message(m) for m in request.messages],
                 tools=tools,
-                add_generation_prompt=True,
+                add_generation_prompt=generation_prompt,
                 tokenize=False,
                 **kwargs,
             )

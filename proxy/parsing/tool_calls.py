@@ -3,16 +3,18 @@
 Owns ``ToolCallSplitter``. Contract (content text in, in order; events out):
 
 - Text outside ``<tool_call>...</tool_call>`` blocks becomes ``TextDelta`` as soon as it is
-  known not to be the start of ``<tool_call>``; a block is buffered until it closes and then
-  parsed (``tool_formats.parse_block``).
-- A well-formed block becomes one ``ToolCallDelta(index, ToolCall(id=f"{prefix}{index}",
-  ...))``, indices counting well-formed calls from 0. Whitespace adjacent to a well-formed
-  block (before it, between blocks, after it) is separator markup and is not emitted;
-  to know that, trailing whitespace of the text is held back until the next non-whitespace.
-- A malformed block (bad JSON, unknown or missing tool name, or still open at ``finish``)
-  is emitted verbatim as ``TextDelta``, tags and neighbouring whitespace included, and
-  counted in ``malformed``. Text after tool calls is emitted too: nothing is dropped except
-  the separator whitespace above.
+  known not to be the start of ``<tool_call>`` (``<tool_call>\n`` for the JSON format, which
+  SGLang's detector needs: a bare tag there is text); a block is buffered until it closes and then
+  parsed (``tool_formats.parse_block``), as is a block still open at ``finish``.
+- Each call in a well-formed block becomes one ``ToolCallDelta(index,
+  ToolCall(id=f"{prefix}{index}", ...))``, indices counting calls from 0. Whitespace
+  adjacent to a well-formed block (before it, between blocks, after it) is separator markup
+  and is not emitted; to know that, trailing whitespace of the text is held back until the
+  next non-whitespace.
+- A block that holds no call (bad JSON, only unknown tools, no ``<function=``) is emitted
+  verbatim as ``TextDelta``, tags and neighbouring whitespace included, and counted in
+  ``malformed``. Text after tool calls is emitted too: nothing is dropped except the
+  separator whitespace above.
 - An open block is kept in pieces and only its tail is searched again, so a long call (a
   whole file as an argument) costs time proportional to its length.
 """
@@ -43,6 +45,9 @@ class ToolCallSplitter:
         self, *, parser: ToolParser, tools: Mapping[str, ToolSpec], call_id_prefix: str
     ) -> None:
         self._parser = parser
+        # SGLang's qwen25 detector starts a JSON call at "<tool_call>\n" only; an XML one
+        # starts at the bare tag.
+        self._open = TOOL_CALL_OPEN + ("\n" if parser is ToolParser.QWEN3 else "")
         self._tools = tools
         self._call_id_prefix = call_id_prefix
         self._phase = _Phase.TEXT
@@ -67,10 +72,9 @@ class ToolCallSplitter:
     def finish(self) -> list[ContentEvent]:
         events: list[ContentEvent] = []
         if self._phase is _Phase.BLOCK:
-            self.malformed += 1
-            raw = self._block_lead + TOOL_CALL_OPEN + "".join(self._block)
-            self._emit_raw(raw, events)
+            body = "".join(self._block)
             self._phase = _Phase.TEXT
+            self._close_block(body, "", events, closed=False)
         else:
             held, self._held = self._held, ""
             self._emit_text(held, events)
@@ -82,9 +86,9 @@ class ToolCallSplitter:
     def _push_text(self, text: str, events: list[ContentEvent]) -> str:
         """Emit text up to the next <tool_call>; return what follows the tag, if any."""
         buffer, self._held = self._held + text, ""
-        start = buffer.find(TOOL_CALL_OPEN)
+        start = buffer.find(self._open)
         if start < 0:
-            safe = len(buffer) - partial_suffix_len(buffer, (TOOL_CALL_OPEN,))
+            safe = len(buffer) - partial_suffix_len(buffer, (self._open,))
             self._emit_text(buffer[:safe], events)
             self._held = buffer[safe:]
             return ""
@@ -94,7 +98,7 @@ class ToolCallSplitter:
         self._block.clear()
         self._block_tail = ""
         self._phase = _Phase.BLOCK
-        return buffer[start + len(TOOL_CALL_OPEN) :]
+        return buffer[start + len(self._open) :]
 
     def _push_block(self, text: str, events: list[ContentEvent]) -> str:
         """Add text to the open block; at </tool_call>, parse it and return what follows.
@@ -112,19 +116,22 @@ class ToolCallSplitter:
         body = body + text[:cut] if cut >= 0 else body[: len(body) + cut]
         self._block.clear()
         self._phase = _Phase.TEXT
-        parsed = parse_block(self._parser, body, self._tools)
-        if parsed is None:
+        self._close_block(body, TOOL_CALL_CLOSE, events, closed=True)
+        return text[cut + len(TOOL_CALL_CLOSE) :]
+
+    def _close_block(
+        self, body: str, close: str, events: list[ContentEvent], *, closed: bool
+    ) -> None:
+        parsed = parse_block(self._parser, body, self._tools, closed=closed)
+        if not parsed:
             self.malformed += 1
-            self._emit_raw(self._block_lead + TOOL_CALL_OPEN + body + TOOL_CALL_CLOSE, events)
-        else:
+            self._emit_raw(self._block_lead + self._open + body + close, events)
+        for call in parsed:
             call_id = f"{self._call_id_prefix}{self.calls}"
-            events.append(
-                ToolCallDelta(self.calls, ToolCall(call_id, parsed.name, parsed.arguments))
-            )
+            events.append(ToolCallDelta(self.calls, ToolCall(call_id, call.name, call.arguments)))
             self.calls += 1
             self._after_call = True
         self._block_lead = ""
-        return text[cut + len(TOOL_CALL_CLOSE) :]
 
     def _emit_raw(self, raw: str, events: list[ContentEvent]) -> None:
         events.append(TextDelta(raw))

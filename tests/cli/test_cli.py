@@ -28,6 +28,7 @@ from proxy.settings import DEV_ADMIN_KEY
 from recorder.records import TurnRecord, TurnStatus
 from recorder.scratch_postgres import PostgresServer
 from recorder.store import Store
+from tests.support.real_models import BY_NAME
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +261,84 @@ def test_train_hands_its_arguments_to_the_trainer() -> None:
     assert shown.returncode == 0, shown.stderr
     assert "--model-path" in shown.stdout
     assert "--max-staleness" in shown.stdout
+
+
+@pytest.mark.parametrize("name", ["qwen2.5", "qwen3", "qwen3-coder", "qwen3.5"])
+def test_serve_starts_on_each_real_template(
+    lego_proxy: str, tmp_path: Path, real_tokenizer_dirs: dict[str, Path], name: str
+) -> None:
+    """Issue 14: Qwen3 and Qwen3.5 were refused at start-up by the self-check."""
+    port = free_port()
+    env = clean_env(
+        LEGO_DATA_DIR=str(tmp_path),
+        LEGO_PORT=str(port),
+        LEGO_TOKENIZER_PATH=str(real_tokenizer_dirs[name]),
+        LEGO_BACKEND_URL=f"http://127.0.0.1:{free_port()}",  # nothing there: not needed
+    )
+    process = subprocess.Popen(
+        [lego_proxy, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                output = process.stdout.read().decode() if process.stdout else ""
+                pytest.fail(f"lego-proxy serve exited {process.returncode}: {output}")
+            assert time.monotonic() < deadline, "lego-proxy serve did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)  # not listening yet
+    finally:
+        process.terminate()
+        process.wait(30)
+    output = process.stdout.read().decode() if process.stdout else ""
+    expected = BY_NAME[name].tool_parser
+    assert f"lego-proxy: tool calls parsed as {expected} (the chat template)" in output
+
+
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        (
+            "{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}"
+            "{% if m.role != 'assistant' %}<|im_end|>{% endif %}\n{%- endfor -%}"
+            "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}",
+            "does not end an assistant message with the eos token",
+        ),
+        (
+            "{%- for m in messages -%}<|im_start|>{{ m.role }} {{ loop.index0 }}\n"
+            "{{ m.content }}<|im_end|>\n{%- endfor -%}"
+            "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}",
+            "depends on the earlier ones",
+        ),
+        (None, "no tokenizer can be loaded"),
+    ],
+)
+def test_serve_refuses_a_template_it_cannot_serve_in_one_line(
+    lego_proxy: str, tmp_path: Path, template: str | None, says: str
+) -> None:
+    from transformers import AutoTokenizer
+
+    from engine.tiny import build_tokenizer
+
+    path = tmp_path / "tokenizer"
+    if template is not None:
+        build_tokenizer(path)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer.chat_template = template
+        tokenizer.save_pretrained(str(path))
+    done = subprocess.run(
+        [lego_proxy, "serve"],
+        env=clean_env(LEGO_DATA_DIR=str(tmp_path), LEGO_TOKENIZER_PATH=str(path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("lego-proxy: ")
+    assert says in line

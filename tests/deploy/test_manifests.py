@@ -261,3 +261,15 @@ def test_the_image_holds_every_package_the_project_installs() -> None:
     context = (DEPLOY / "Dockerfile.dockerignore").read_text()
     allowed = set(re.findall(r"^!(\w+)/$", context, re.MULTILINE))
     assert packages == copied == allowed
+
+
+def test_the_tool_call_format_is_left_to_the_deployed_models_template() -> None:
+    """A pinned LEGO_TOOL_PARSER that disagreed with MODEL_NAME (qwen3_coder for the
+    Qwen3-30B-A3B of env.example, whose template writes JSON calls) made every tool call of
+    the deployed model text; the format now follows the template unless overridden."""
+    proxy_env = compose()["services"]["proxy"]["environment"]
+    assert "LEGO_TOOL_PARSER" not in proxy_env
+    configmaps = [d for d in base_documents() if d["kind"] == "ConfigMap"]
+    assert configmaps
+    assert all("LEGO_TOOL_PARSER" not in d["data"] for d in configmaps)
+    assert "LEGO_TOOL_PARSER" not in (DEPLOY / "env.example").read_text()

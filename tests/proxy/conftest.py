@@ -121,15 +121,15 @@ class Proxy:
         return dict(response.raise_for_status().json())
 
 
-@pytest.fixture(
-    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-)
-async def proxy(
+async def running_proxy(
     request: pytest.FixtureRequest,
-    tap: BackendTap,
-    model_dir: Path,
+    backend_url: str,
+    tokenizer_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
+    **overrides: Any,
 ) -> AsyncIterator[Proxy]:
+    """A real proxy on loopback in front of ``backend_url``, on the database that
+    ``request.param`` names (``sqlite`` or ``postgres``, a fresh database either way)."""
     data_dir = tmp_path_factory.mktemp("proxy-data")
     database_url: str | None = None
     server: PostgresServer | None = None
@@ -141,11 +141,10 @@ async def proxy(
         port=port,
         data_dir=data_dir,
         database_url=database_url,
-        backend_url=tap.url,
-        tokenizer_path=model_dir,
+        backend_url=backend_url,
+        tokenizer_path=tokenizer_path,
         admin_key=ADMIN_KEY,
-        context_length=8192,
-        max_body_bytes=1024 * 1024,
+        **overrides,
     )
     with (
         serve(create_app(settings), port=port) as url,
@@ -156,3 +155,23 @@ async def proxy(
         yield Proxy(url=url, settings=settings, admin=admin)
     if server is not None and database_url is not None:
         await server.drop_database(database_url)
+
+
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def proxy(
+    request: pytest.FixtureRequest,
+    tap: BackendTap,
+    model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Proxy]:
+    async for started in running_proxy(
+        request,
+        tap.url,
+        model_dir,
+        tmp_path_factory,
+        context_length=8192,
+        max_body_bytes=1024 * 1024,
+    ):
+        yield started

@@ -26,7 +26,7 @@ def test_defaults_are_the_embedded_development_setup() -> None:
     assert settings.backend_url is None  # the embedded local engine
     assert settings.database_url is None
     assert settings.tokenizer_path is None
-    assert settings.tool_parser is ToolParser.QWEN3
+    assert settings.tool_parser is None  # the format the served template writes
     assert settings.data_dir == default_data_dir()
     assert settings.admin_key is None
     assert settings.effective_admin_key == DEV_ADMIN_KEY

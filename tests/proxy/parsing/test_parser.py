@@ -145,7 +145,9 @@ def malformed_block(parser: ToolParser, rng: random.Random) -> str:
     if parser is ToolParser.QWEN3:
         body = rng.choice(['{"name": "nope", "arguments": {}}', '{"name": "bash", "arguments": {'])
     else:
-        body = rng.choice(["<function=nope>\n</function>", "no function here"])
+        # A call to an unknown tool is a call in this format (as in SGLang); a function tag
+        # without its closing ">" holds none.
+        body = rng.choice(["<function=nope\n</function>", "no function here"])
     return f"<tool_call>\n{body}\n</tool_call>"
 
 

@@ -42,7 +42,13 @@ CASES: list[tuple[str, list[ContentEvent], int]] = [
     ),
     (f"{GOOD} {GOOD}", [ToolCallDelta(0, CALL), ToolCallDelta(1, replace(CALL, id="c1"))], 0),
     # A malformed block keeps its raw text and the whitespace around it.
-    ("a \n<tool_call>{x}</tool_call> b", [TextDelta("a \n<tool_call>{x}</tool_call> b")], 1),
+    (
+        "a \n<tool_call>\n{x}\n</tool_call> b",
+        [TextDelta("a \n<tool_call>\n{x}\n</tool_call> b")],
+        1,
+    ),
+    # Without its newline the tag opens no JSON block (SGLang's qwen25): it is text.
+    ("a <tool_call>{x}</tool_call> b", [TextDelta("a <tool_call>{x}</tool_call> b")], 0),
     # A block still open at the end is text, with what preceded it.
     ('a\n<tool_call>\n{"name": "ba', [TextDelta('a\n<tool_call>\n{"name": "ba')], 1),
     (f"{GOOD}\n\n", [ToolCallDelta(0, CALL)], 0),
