@@ -10,8 +10,8 @@ install:  ## torch first, pinned to the CPU wheel on disk, so pip never pulls a 
 demo: install  ## one scripted rollout on the embedded default (SQLite + local CPU engine)
 	lego-proxy demo
 
-test: install  ## the test suite (starts its own Postgres when LEGO_TEST_POSTGRES_URL is unset)
-	$(PY) -m pytest -q
+test: install  ## the test suite (starts its own Postgres when LEGO_TEST_POSTGRES_URL is unset; -rs says what it skipped)
+	$(PY) -m pytest -q -rs
 
 test-all: install  ## including the slow suites
 	$(PY) -m pytest -q -m ''
