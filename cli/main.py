@@ -1,9 +1,14 @@
-"""The ``lego-proxy`` command line.
+"""The ``lego-proxy`` command line: parse the command, start what it names.
 
-lego-proxy serve [--host H] [--port P]     the proxy (settings from LEGO_* env)
-lego-proxy engine [--model DIR] [--port P] the SGLang-compatible local engine alone
-lego-proxy db upgrade                      bring the database to the current schema
-lego-proxy demo                            a scripted multi-turn tool-calling rollout
+    lego-proxy serve [--host H] [--port P]     the proxy (settings from LEGO_* env)
+    lego-proxy engine [--model DIR] [--port P] the SGLang-compatible local engine alone
+    lego-proxy db upgrade                      bring the database to the current schema
+    lego-proxy train ...                       trainer_bridge (lego-proxy train --help)
+    lego-proxy demo [--keep]                   a guided scripted rollout on the embedded default
+
+Every failure the operator can fix is one line on stderr and a non-zero exit: invalid
+settings exit 2, a start-up check that fails (``cli.preflight``: the port, the database,
+the data directory, the tokenizer) exits 1 before anything is started.
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ from pydantic import ValidationError
 
 from kernel.errors import LegoError
 from proxy.settings import Settings
+
+DESCRIPTION = (
+    "lego-proxy: unmodified coding-agent harnesses as token-faithful RL environments. "
+    "Settings come from LEGO_* environment variables (lego-proxy serve --help lists them)."
+)
 
 
 def _load_settings(**overrides: Any) -> Settings:
@@ -37,8 +47,8 @@ def _load_settings(**overrides: Any) -> Settings:
 def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from cli.preflight import preflight
     from proxy.app import create_app
-    from proxy.served_template import served_template
 
     overrides: dict[str, Any] = {}
     if args.host is not None:
@@ -46,15 +56,11 @@ def _serve(args: argparse.Namespace) -> None:
     if args.port is not None:
         overrides["port"] = args.port
     settings = _load_settings(**overrides)
-    if settings.tokenizer_path is not None:
-        # Refuse a template the ledger cannot serve with one line, before anything starts
-        # (inside the app's start-up the same LegoError would reach uvicorn's traceback).
-        template = served_template(settings.tokenizer_path, settings.tool_parser)
-        print(
-            f"lego-proxy: tool calls parsed as {template.tool_parser} "
-            f"({template.tool_parser_source})",
-            file=sys.stderr,
-        )
+    checked = preflight(settings)
+    if settings.tokenizer_path is None and settings.backend_url is not None:
+        settings = settings.model_copy(update={"tokenizer_path": checked.tokenizer_path})
+    for line in checked.lines:
+        print(f"lego-proxy: {line}", file=sys.stderr, flush=True)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -75,15 +81,13 @@ def _engine(args: argparse.Namespace) -> None:
 
 
 def _db_upgrade(args: argparse.Namespace) -> None:
-    from sqlalchemy.engine import make_url
-
+    from recorder.database import display_url
     from recorder.migrate import upgrade_database
 
     settings = _load_settings()
     url = settings.effective_database_url
     asyncio.run(upgrade_database(url))
-    shown = make_url(url).render_as_string(hide_password=True)
-    print(f"database at {shown} is at the current schema")
+    print(f"database at {display_url(url)} is at the current schema")
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -92,49 +96,87 @@ def _demo(args: argparse.Namespace) -> None:
     run_demo(keep=args.keep)
 
 
+def settings_help() -> str:
+    """The LEGO_* settings, their defaults and what they do (``serve --help``)."""
+    lines = ["settings (environment variables; the README's table says the same):"]
+    for name, field in Settings.model_fields.items():
+        default = (
+            "" if field.is_required() else _default(field.get_default(call_default_factory=True))
+        )
+        lines.append(f"  LEGO_{name.upper():<27} {default}")
+        lines.append(f"      {field.description or ''}")
+    return "\n".join(lines)
+
+
+def _default(value: object) -> str:
+    return "(unset)" if value is None else f"default {value!s}" if value != "" else "(empty)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from engine.cli import add_engine_arguments
 
-    parser = argparse.ArgumentParser(prog="lego-proxy", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="lego-proxy", description=DESCRIPTION)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="run the proxy")
+    serve = commands.add_parser(
+        "serve",
+        help="run the proxy",
+        description="Run the proxy. With no LEGO_BACKEND_URL it starts the local CPU engine "
+        "as a child process; with no LEGO_DATABASE_URL it keeps a SQLite file in "
+        "LEGO_DATA_DIR. It checks the port, the database, the data directory and the "
+        "tokenizer before it starts anything.",
+        epilog=settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     serve.add_argument("--host", default=None, help="bind address (LEGO_HOST)")
     serve.add_argument("--port", type=int, default=None, help="port (LEGO_PORT)")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", default="info", help="uvicorn's log level")
     serve.set_defaults(func=_serve)
 
-    engine = commands.add_parser("engine", help="run the SGLang-compatible local engine")
+    engine = commands.add_parser(
+        "engine",
+        help="run the SGLang-compatible local engine",
+        description="The SGLang-compatible local engine alone (SGLang's native /generate "
+        "protocol over a PyTorch model on the CPU).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_engine_arguments(engine)
     engine.set_defaults(func=_engine)
 
     db = commands.add_parser("db", help="database maintenance")
-    db_commands = db.add_subparsers(dest="db_command", required=True)
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
     upgrade = db_commands.add_parser("upgrade", help="migrate LEGO_DATABASE_URL to head")
     upgrade.set_defaults(func=_db_upgrade)
 
-    demo = commands.add_parser("demo", help="run a scripted rollout on the embedded default")
-    demo.add_argument("--keep", action="store_true", help="keep the demo's data directory")
+    demo = commands.add_parser(
+        "demo",
+        help="a guided scripted rollout on the embedded default",
+        description="One scripted agent rollout through the whole system (SQLite + the local "
+        "CPU engine in a temporary directory), explained as it goes.",
+    )
+    demo.add_argument(
+        "--keep", action="store_true", help="keep the data and say how to open it in the Live UI"
+    )
     demo.set_defaults(func=_demo)
 
     # Listed for --help; main() hands everything after "train" to trainer_bridge's own parser.
-    commands.add_parser("train", help="run trainer_bridge (options: lego-proxy train --help)")
+    commands.add_parser("train", help="run trainer_bridge (lego-proxy train --help)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:
-        from trainer_bridge.train import main as train_main
-
-        train_main(argv[1:])
-        return
-    args = build_parser().parse_args(argv)
     try:
+        if argv[:1] == ["train"]:
+            from trainer_bridge.train import main as train_main
+
+            train_main(argv[1:], prog="lego-proxy train")
+            return
+        args = build_parser().parse_args(argv)
         args.func(args)
     except LegoError as exc:
         print(f"lego-proxy: {exc.message}", file=sys.stderr)
-        raise SystemExit(1) from exc
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import EngineConfig
@@ -23,20 +24,55 @@ def _default_data_dir() -> Path:
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=None, help="HF model directory")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--script", type=Path, default=None, help="scripted policy JSON")
-    parser.add_argument("--zero-compute", action="store_true", help="fixed instant replies")
-    parser.add_argument("--incremental-streaming-output", action="store_true")
-    parser.add_argument("--weight-version", default="default")
-    parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="HF model directory to serve (default: the tiny model, built on first use under "
+        "--data-dir)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address")
+    parser.add_argument("--port", type=int, default=30000, help="port")
+    parser.add_argument(
+        "--script",
+        type=Path,
+        default=None,
+        help="scripted policy JSON: replies chosen by what the prompt contains, written in the "
+        "model's own format (docs/scripted-policy.md)",
+    )
+    parser.add_argument(
+        "--zero-compute",
+        action="store_true",
+        help="answer every request at once with a fixed reply, no forward pass (benchmarks)",
+    )
+    parser.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="stream only what is new in each chunk, as SGLang's flag of that name",
+    )
+    parser.add_argument(
+        "--weight-version", default="default", help="the weight version reported at start"
+    )
+    parser.add_argument(
+        "--served-model-name", default=None, help="model name reported (default: the directory)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the tiny model is built (default: $LEGO_DATA_DIR or ~/.local/share/lego-proxy)",
+    )
     parser.add_argument(
         "--torch-threads", type=int, default=1, help="CPU threads for torch (0: torch's default)"
     )
     parser.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="forward precision"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn's log level (info includes the access log)",
     )
 
 
@@ -61,14 +97,25 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 def run_engine(args: argparse.Namespace) -> None:
     import uvicorn
+    from transformers.utils import logging as hf_logging
 
     from engine.server import create_engine_app
 
+    if args.log_level in ("critical", "error", "warning"):
+        quiet: Callable[[], None] = hf_logging.disable_progress_bar
+        quiet()  # building and loading the model: its progress bars are not news
+
     config = engine_config_from_args(args)
-    uvicorn.run(create_engine_app(config), host=config.host, port=config.port, log_level="info")
+    uvicorn.run(
+        create_engine_app(config), host=config.host, port=config.port, log_level=args.log_level
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m engine",
+        description="The SGLang-compatible local engine (lego-proxy engine).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_engine_arguments(parser)
     run_engine(parser.parse_args(argv))

@@ -11,6 +11,7 @@ The core raises these; nothing returns errors as values. Each wire adapter maps 
     ├── AuthenticationFailed       401  missing or unknown key
     ├── PermissionDenied           403  a key that cannot reach this endpoint
     ├── NotFound                   404  unknown run, session or route
+    ├── MethodNotAllowed           405  a known route asked with another method
     ├── Conflict                   409  session already finished, run name taken
     ├── PayloadTooLarge            413  request body over the configured limit
     ├── Overloaded                 429  new turns held back (run paused); retry after a delay
@@ -18,6 +19,7 @@ The core raises these; nothing returns errors as values. Each wire adapter maps 
     │   └── BackendUnavailable     503  the backend cannot be reached
     ├── RecorderError              500  the database refused a control-plane write
     ├── ServerDidNotStart          500  a child server exited or never answered (kernel.process)
+    ├── ConfigurationError         500  settings or surroundings a process cannot start with
     └── PostgresUnavailable        500  no scratch Postgres here (recorder.scratch_postgres)
 
 ``BackendError.retryable`` tells adapters whether the harness may retry (it becomes the
@@ -69,6 +71,11 @@ class NotFound(LegoError):
     code = "not_found"
 
 
+class MethodNotAllowed(LegoError):
+    status = 405
+    code = "method_not_allowed"
+
+
 class Conflict(LegoError):
     status = 409
     code = "conflict"
@@ -111,3 +118,10 @@ class BackendUnavailable(BackendError):
 class RecorderError(LegoError):
     status = 500
     code = "recorder_error"
+
+
+class ConfigurationError(LegoError):
+    """What a process was told to start with cannot work: the message says what to change
+    (the command line prints it as one line and exits before starting anything)."""
+
+    code = "configuration_error"

@@ -24,8 +24,9 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
-from kernel.errors import LegoError, NotFound
+from kernel.errors import LegoError, MethodNotAllowed, NotFound
 from kernel.paths import default_model_dir
 from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
@@ -82,6 +83,23 @@ async def _sync_pauses(
         await asyncio.sleep(settings.pause_sync_s)
 
 
+def spool_directory(settings: Settings) -> Path:
+    """This proxy's spool: one per host and port, so a restart finds its own, and a second
+    proxy on the same data dir and port is refused (the spool is locked while one lives)."""
+    return settings.data_dir / "spool" / f"{socket.gethostname()}-{settings.port}"
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app serves at the request's path (one route per
+    method, so Starlette's own Allow names only the first route it tried)."""
+    allowed = []
+    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in request.app.routes):
+            allowed.append(method)
+    return allowed
+
+
 def create_app(settings: Settings) -> FastAPI:
     metrics = Metrics()
     chat_adapter = OpenAIChatAdapter()
@@ -91,39 +109,45 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine: EmbeddedEngine | None = None
-        backend_urls = settings.backend_urls
         model_dir = settings.tokenizer_path or default_model_dir(settings.data_dir)
-        if not backend_urls:
-            engine = EmbeddedEngine(
-                model_dir=settings.tokenizer_path,
-                data_dir=settings.data_dir,
-                extra_args=settings.engine_args,
-            )
-            await engine.start()
-            backend_urls = (engine.url,)
-        client = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.backend_timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-        )
-        store = await Store.open(settings.effective_database_url)
-        exports = ExportStore.open(settings.effective_database_url)
+        # Everything started is stopped in ``finally``, whatever failed after it: a failed
+        # start never leaves the engine child running.
+        engine: EmbeddedEngine | None = None
+        client: httpx.AsyncClient | None = None
+        store: Store | None = None
+        exports: ExportStore | None = None
+        backend: SGLangBackend | None = None
         writer: TurnWriter | None = None
-        backend = SGLangBackend(
-            client,
-            backend_urls,
-            expert_shape(model_dir),
-            health_interval_s=settings.backend_health_interval_s,
-        )
         try:
+            backend_urls = settings.backend_urls
+            if not backend_urls:
+                engine = EmbeddedEngine(
+                    model_dir=settings.tokenizer_path,
+                    data_dir=settings.data_dir,
+                    extra_args=settings.engine_args,
+                )
+                await engine.start()
+                backend_urls = (engine.url,)
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(settings.backend_timeout_s, connect=5.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            )
+            store = await Store.open(settings.effective_database_url)
+            exports = ExportStore.open(settings.effective_database_url)
+            backend = SGLangBackend(
+                client,
+                backend_urls,
+                expert_shape(model_dir),
+                health_interval_s=settings.backend_health_interval_s,
+            )
             template = served_template(model_dir, settings.tool_parser)
             tokenizer = template.tokenizer
             _log.info("tool-call format %s (%s)", template.tool_parser, template.tool_parser_source)
             await upgrade_database(settings.effective_database_url)
             # One spool directory per proxy (host + port), so a restart finds its own spool;
             # spools of proxies that died elsewhere under the same root are adopted too.
-            spool_root = settings.data_dir / "spool"
-            spool = Spool.open(spool_root / f"{socket.gethostname()}-{settings.port}")
+            spool = Spool.open(spool_directory(settings))
+            spool_root = spool.directory.parent
             orphans = list(Spool.orphans(spool_root, spool.directory))
             # The journal is per process start: what a killed proxy journaled is an orphan
             # that this writer replays (idempotently) before anything else.
@@ -184,12 +208,16 @@ def create_app(settings: Settings) -> FastAPI:
             yield
             pause_sync.cancel()
         finally:
-            await backend.close()
+            if backend is not None:
+                await backend.close()
             if writer is not None:
                 await writer.close()
-            await exports.close()
-            await store.close()
-            await client.aclose()
+            if exports is not None:
+                await exports.close()
+            if store is not None:
+                await store.close()
+            if client is not None:
+                await client.aclose()
             if engine is not None:
                 await engine.stop()
 
@@ -217,16 +245,34 @@ def create_app(settings: Settings) -> FastAPI:
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    @app.get("/")
+    async def index() -> dict[str, object]:
+        """Where a newcomer who opens the proxy's URL goes next."""
+        return {
+            "name": "lego-proxy",
+            "live_ui": "/ui",
+            "health": "/healthz",
+            "readiness": "/readyz",
+            "metrics": "/metrics",
+            "control_api": "/api/v1/runs (Authorization: Bearer <admin key>)",
+            "harness_base_urls": "POST /api/v1/runs/{run_id}/sessions answers them",
+        }
+
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        error: LegoError = (
-            NotFound(f"no route {request.method} {request.url.path}")
-            if exc.status_code == 404
-            else LegoError(str(exc.detail))
-        )
-        if exc.status_code != 404:
+        where = f"{request.method} {request.url.path}"
+        headers: dict[str, str] = {}
+        error: LegoError
+        if exc.status_code == 404:
+            error = NotFound(f"no route {where}")
+        elif exc.status_code == 405:
+            allowed = ", ".join(_allowed_methods(request))
+            error = MethodNotAllowed(f"{where}: the method is not allowed (allowed: {allowed})")
+            headers = {"allow": allowed}
+        else:
+            error = LegoError(str(exc.detail))
             error.status = exc.status_code
         status, content = chat_adapter.error_response(error)
-        return Response(content, status_code=status, media_type="application/json")
+        return Response(content, status_code=status, media_type="application/json", headers=headers)
 
     return app

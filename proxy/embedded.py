@@ -1,14 +1,20 @@
 """The embedded local engine: a child process serving SGLang's protocol on loopback.
 
 Used when ``LEGO_BACKEND_URL`` is unset. A separate process keeps model compute off the
-proxy's event loop and GIL. The engine builds the tiny default model on first use.
+proxy's event loop and GIL. The engine builds the tiny default model on first use. It logs
+warnings only (its access log would drown the proxy's); ``LEGO_ENGINE_ARGS`` can say
+``--log-level info``. On Linux the child is told to exit when the proxy dies, even by
+SIGKILL (``PR_SET_PDEATHSIG``), so it is never left running on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import shlex
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -26,13 +32,15 @@ class EmbeddedEngine:
         self._cmd = [
             sys.executable, "-m", "engine",
             "--host", "127.0.0.1", "--port", str(self.port),
-            *model, "--data-dir", str(data_dir),
+            *model, "--data-dir", str(data_dir), "--log-level", "warning",
             *shlex.split(extra_args),
         ]  # fmt: skip
         self._process: asyncio.subprocess.Process | None = None
 
     async def start(self, timeout_s: float = 180.0) -> None:
-        self._process = await asyncio.create_subprocess_exec(*self._cmd)
+        self._process = await asyncio.create_subprocess_exec(
+            *self._cmd, preexec_fn=_exit_with_parent()
+        )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         async with httpx.AsyncClient() as client:
@@ -61,3 +69,16 @@ class EmbeddedEngine:
         except TimeoutError:
             process.kill()
             await process.wait()
+
+
+def _exit_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return arm

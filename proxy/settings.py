@@ -28,47 +28,121 @@ def default_data_dir() -> Path:
 
 
 class Settings(BaseSettings):
+    """Every field is ``LEGO_<NAME>`` in the environment; ``description`` is what
+    ``lego-proxy serve --help`` and the README's settings table say about it."""
+
     model_config = SettingsConfigDict(env_prefix="LEGO_", extra="ignore", frozen=True)
 
-    env: str = "development"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    public_url: str | None = Field(
-        default=None, description="Base URL harnesses use to reach this proxy."
+    env: str = Field(
+        default="development",
+        description="'development' allows the default admin key; anything else (production) "
+        "requires LEGO_ADMIN_KEY and, on a wildcard LEGO_HOST, LEGO_PUBLIC_URL",
     )
-    data_dir: Path = Field(default_factory=default_data_dir)
-    database_url: str | None = None  # unset: SQLite file in data_dir
-    # unset: the embedded local engine. One URL (a worker or an sglang-router) or a
-    # comma-separated list of workers, each session pinned to one by rendezvous hashing.
-    backend_url: str | None = None
-    backend_health_interval_s: float = Field(default=5.0, gt=0)
-    admin_key: str | None = None
-    tokenizer_path: Path | None = None  # unset: the embedded engine's model
-    # unset: the format the served chat template writes (proxy.served_template)
-    tool_parser: ToolParser | None = None
-    context_length: int = 32768  # prompt + reserved output budget, in tokens
-    default_max_tokens: int = 4096  # output budget when neither harness nor session sets one
-    max_body_bytes: int = 32 * 1024 * 1024
-    return_routed_experts: bool = True
-    backend_timeout_s: float = 1800.0
-    max_resumptions: int = 8  # transparent re-sends after a backend pause-abort
-    # Earlier turns' reasoning stays in the context exactly as sampled (one training
-    # sequence per branch). False mimics templates that drop it at each new user query:
-    # the branch then splits per turn; the recorded prompt ids are what the model saw.
-    keep_reasoning: bool = True
-    # Sessions whose ledger and conversations stay in memory, least recently used dropped
-    # first; a dropped session is reloaded from the database on its next request.
-    max_sessions_held: int = Field(default=DEFAULT_MAX_SESSIONS, ge=1)
-    # While a run is paused (weight sync), a new turn waits this long, then gets 429 with
-    # Retry-After so the harness's own retry comes back after the sync.
-    pause_max_wait_s: float = 30.0
-    pause_retry_after_s: float = 5.0
-    pause_sync_s: float = 0.5  # how often a replica reads which runs are paused
-    # Write-ahead journal: a completed turn is fsync'd before the harness gets its last
-    # byte, so even SIGKILL loses no turn (costs about one group-committed fsync per turn).
-    journal: bool = True
-    engine_args: str = ""  # extra CLI args for the embedded engine (e.g. "--script f.json")
-    signing_secret: str | None = None  # unset: derived from the admin key
+    host: str = Field(default="127.0.0.1", description="bind address (serve --host)")
+    port: int = Field(default=8000, description="port (serve --port)")
+    public_url: str | None = Field(
+        default=None,
+        description="base of the URLs handed to harnesses (default http://HOST:PORT)",
+    )
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="SQLite file, spool, journal and the tiny model (default "
+        "~/.local/share/lego-proxy)",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="postgresql+asyncpg://... or sqlite+aiosqlite:///... (default: a SQLite "
+        "file in LEGO_DATA_DIR)",
+    )
+    backend_url: str | None = Field(
+        default=None,
+        description="SGLang workers (comma-separated, each session pinned to one) or one "
+        "router (default: the embedded local engine)",
+    )
+    backend_health_interval_s: float = Field(
+        default=5.0, gt=0, description="seconds between health probes of each backend worker"
+    )
+    admin_key: str | None = Field(
+        default=None,
+        description="Bearer key of the control, export and UI routes (default in "
+        "development: lego-dev-admin-key)",
+    )
+    tokenizer_path: Path | None = Field(
+        default=None,
+        description="HF directory whose tokenizer and chat template render prompts (default: "
+        "the tiny model the embedded engine serves; required with LEGO_BACKEND_URL)",
+    )
+    tool_parser: ToolParser | None = Field(
+        default=None,
+        description="qwen3 (<tool_call> JSON) or qwen3_coder (XML) (default: the format the "
+        "served chat template writes, proxy.served_template)",
+    )
+    context_length: int = Field(
+        default=32768, description="prompt + reserved output budget, in tokens"
+    )
+    default_max_tokens: int = Field(
+        default=4096, description="output budget when neither harness nor session sets one"
+    )
+    max_body_bytes: int = Field(
+        default=32 * 1024 * 1024, description="larger request bodies get 413"
+    )
+    return_routed_experts: bool = Field(
+        default=True,
+        description="ask SGLang for routed experts (needs --enable-return-routed-experts)",
+    )
+    backend_timeout_s: float = Field(
+        default=1800.0, description="the longest one backend generation may take"
+    )
+    max_resumptions: int = Field(
+        default=8, description="transparent re-sends of a generation after a pause-abort"
+    )
+    # False mimics templates that drop earlier reasoning at each new user query: the branch
+    # then splits per turn; the recorded prompt ids are what the model saw.
+    keep_reasoning: bool = Field(
+        default=True,
+        description="earlier reasoning stays in the context as sampled; false drops it as "
+        "the template does (a fork per turn)",
+    )
+    max_sessions_held: int = Field(
+        default=DEFAULT_MAX_SESSIONS,
+        ge=1,
+        description="sessions whose ledger stays in memory (least recently used dropped, "
+        "reloaded from the database when used again)",
+    )
+    pause_max_wait_s: float = Field(
+        default=30.0,
+        description="how long a new turn of a paused run waits before it gets 429 with Retry-After",
+    )
+    pause_retry_after_s: float = Field(
+        default=5.0, description="the Retry-After of that 429, in seconds"
+    )
+    pause_sync_s: float = Field(
+        default=0.5, description="how often a replica reads which runs are paused"
+    )
+    journal: bool = Field(
+        default=True,
+        description="fsync each completed turn before its last byte goes out, so even "
+        "SIGKILL loses none",
+    )
+    engine_args: str = Field(
+        default="",
+        description="extra command-line arguments of the embedded engine (e.g. "
+        "'--script policy.json': see docs/scripted-policy.md)",
+    )
+    signing_secret: str | None = Field(
+        default=None,
+        description="HMAC key of reasoning signatures (default: derived from the admin key)",
+    )
+
+    @model_validator(mode="after")
+    def _check_public_url(self) -> Settings:
+        if self.env != "development" and self.wildcard_host and self.public_url is None:
+            raise ValueError(
+                f"LEGO_PUBLIC_URL must be set when LEGO_HOST is {self.host!r} outside "
+                "development: harnesses are handed URLs under it, and "
+                f"http://{self.host}:{self.port} reaches nobody"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_safe(self) -> Settings:
@@ -111,6 +185,11 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{self.data_dir / 'lego.sqlite3'}"
+
+    @property
+    def wildcard_host(self) -> bool:
+        """Bound to every interface: the bind address is no URL a harness can use."""
+        return self.host in ("0.0.0.0", "::", "")
 
     @property
     def effective_public_url(self) -> str:

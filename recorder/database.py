@@ -49,6 +49,11 @@ def parse_url(url: str) -> URL:
     return parsed
 
 
+def display_url(url: str) -> str:
+    """``url`` as it may be printed: the password hidden."""
+    return parse_url(url).render_as_string(hide_password=True)
+
+
 def describe_error(exc: BaseException) -> str:
     """One line for a database failure: the driver's message without SQL or parameters."""
     cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc

@@ -100,6 +100,21 @@ class Store:
             raise NotFound(f"run {run_id!r} not found")
         return RunInfo(id=row.id, name=row.name, created_at=row.created_at)
 
+    async def list_runs(
+        self, *, after: tuple[float, str] | None = None, limit: int = 100
+    ) -> list[RunInfo]:
+        """Runs in (created_at, id) order, strictly after ``after``."""
+        query = select(runs).order_by(runs.c.created_at, runs.c.id).limit(limit)
+        if after is not None:
+            created, run_id = after
+            query = query.where(
+                (runs.c.created_at > created)
+                | ((runs.c.created_at == created) & (runs.c.id > run_id))
+            )
+        async with transaction(self._engine, "list runs") as conn:
+            rows = (await conn.execute(query)).all()
+        return [RunInfo(id=row.id, name=row.name, created_at=row.created_at) for row in rows]
+
     # -- sessions -------------------------------------------------------------
     async def create_session(self, spec: SessionSpec) -> SessionInfo:
         info = SessionInfo(

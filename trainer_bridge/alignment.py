@@ -1,6 +1,7 @@
 """Rollout-to-training alignment: how well the trainer reproduces what the backend sampled.
 
-Owns ``AlignmentMetrics``, ``AlignmentThresholds``, ``measure_alignment`` and ``is_flagged``.
+Owns ``AlignmentMetrics``, ``AlignmentThresholds``, ``measure_alignment``, ``is_flagged``
+and ``flag_reasons`` (what a flagged step is outside of).
 
 Inputs are flat arrays over the sampled tokens only (the caller selects them with the loss
 mask): ``rollout`` and ``recomputed`` logprobs of the same tokens, and optionally the
@@ -112,10 +113,18 @@ def measure_alignment(
     )
 
 
-def is_flagged(metrics: AlignmentMetrics, thresholds: AlignmentThresholds) -> bool:
+def flag_reasons(metrics: AlignmentMetrics, thresholds: AlignmentThresholds) -> list[str]:
+    """Which thresholds the step's alignment is outside of, as readable phrases."""
+    reasons = []
     if metrics.pearson_r < thresholds.min_pearson_r:
-        return True
+        reasons.append(f"pearson_r {metrics.pearson_r:.4f} < {thresholds.min_pearson_r}")
     if metrics.abs_dlogp_p99 > thresholds.max_abs_dlogp_p99:
-        return True
+        reasons.append(f"|dlogp| p99 {metrics.abs_dlogp_p99:.4f} > {thresholds.max_abs_dlogp_p99}")
     overlap = metrics.expert_overlap
-    return overlap is not None and overlap < thresholds.min_expert_overlap
+    if overlap is not None and overlap < thresholds.min_expert_overlap:
+        reasons.append(f"expert overlap {overlap:.3f} < {thresholds.min_expert_overlap}")
+    return reasons
+
+
+def is_flagged(metrics: AlignmentMetrics, thresholds: AlignmentThresholds) -> bool:
+    return bool(flag_reasons(metrics, thresholds))

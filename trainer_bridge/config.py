@@ -50,6 +50,38 @@ class TrainConfig:
     seed: int = 0
 
 
+# What ``--help`` says of each flag (its default is appended).
+_HELP = {
+    "model_path": "the initial policy checkpoint (a transformers directory)",
+    "proxy_url": "the lego-proxy to claim from",
+    "admin_key": "the proxy's admin key (LEGO_ADMIN_KEY)",
+    "run_id": "the run whose groups to train on",
+    "backend_url": "the SGLang server (or local engine) to publish weights to",
+    "output_dir": "where each published weight version is written",
+    "version_prefix": "weight versions are named PREFIX + step",
+    "steps": "optimizer steps to take",
+    "groups_per_step": "prompt groups claimed per step",
+    "max_staleness": "skip groups sampled more than this many versions ago ('none': any)",
+    "lease_s": "how long a claimed batch is held before others may take it",
+    "poll_interval_s": "seconds between claims while no group is ready",
+    "max_wait_s": "stop when no batch arrives in this long ('none': wait forever)",
+    "max_tokens_per_micro_batch": "tokens packed into one forward-backward pass",
+    "lr": "learning rate (constant)",
+    "weight_decay": "AdamW weight decay",
+    "grad_clip": "gradient norm clip",
+    "clip_low": "GSPO lower clip range",
+    "clip_high": "GSPO upper clip range",
+    "kl_coef": "KL loss coefficient (0: no reference model)",
+    "replay": "replay the recorded MoE routing (R3) when recomputing logprobs",
+    "min_pearson_r": "flag a step whose rollout/trainer logprob Pearson r is below this",
+    "max_abs_dlogp_p99": "flag a step whose |dlogp| p99 is above this",
+    "min_expert_overlap": "flag a step whose routed-expert overlap is below this",
+    "dtype": "float32 or bfloat16",
+    "device": "torch device",
+    "seed": "random seed",
+}
+
+
 def _optional(kind: Callable[[str], object]) -> Callable[[str], object]:
     def parse(text: str) -> object:
         return None if text.lower() == "none" else kind(text)
@@ -57,28 +89,48 @@ def _optional(kind: Callable[[str], object]) -> Callable[[str], object]:
     return parse
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer_bridge.train", description="Train a policy from lego-proxy."
+        prog=prog,
+        description="Train a policy from a lego-proxy run: claim complete prompt groups, "
+        "recompute logprobs with routing replay, take a GSPO step, publish the weights to the "
+        "backend, ack. Defaults are LEGO-RL's production hyperparameters (Table 10).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     # Types are taken from each default's runtime type; the None-defaulted fields are listed.
     optional_types: dict[str, type] = {"max_staleness": int, "max_wait_s": float}
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.default is MISSING:
-            parser.add_argument(flag, dest=f.name, required=True)
+            parser.add_argument(flag, dest=f.name, required=True, help=_HELP.get(f.name))
         elif isinstance(f.default, bool):
             parser.add_argument(
-                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=f.default,
+                help=_HELP.get(f.name, f.name),
             )
         elif f.name in optional_types:
             parser.add_argument(
-                flag, dest=f.name, type=_optional(optional_types[f.name]), default=f.default
+                flag,
+                dest=f.name,
+                type=_optional(optional_types[f.name]),
+                default=f.default,
+                help=_HELP.get(f.name, "'none' to leave unset"),
             )
         else:
-            parser.add_argument(flag, dest=f.name, type=type(f.default), default=f.default)
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                type=type(f.default),
+                default=f.default,
+                help=_HELP.get(f.name, f.name.replace("_", " ")),
+            )
     return parser
 
 
-def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
-    return TrainConfig(**vars(_parser().parse_args(argv)))
+def config_from_args(
+    argv: Sequence[str] | None = None, *, prog: str = "python -m trainer_bridge.train"
+) -> TrainConfig:
+    return TrainConfig(**vars(_parser(prog).parse_args(argv)))

@@ -37,7 +37,7 @@ from trainer_bridge.advantages import grpo_advantages, zero_variance_share
 from trainer_bridge.alignment import (
     AlignmentMetrics,
     AlignmentThresholds,
-    is_flagged,
+    flag_reasons,
     measure_alignment,
 )
 from trainer_bridge.client import BackendClient, ExportClient
@@ -220,7 +220,8 @@ def run(config: TrainConfig, export: ExportClient, backend: BackendClient) -> li
         outcome = optimize(model, optimizer, reference, samples, config)
         version = f"{config.version_prefix}{step}"
         _publish(model, config, version, export, backend)
-        flagged = is_flagged(outcome.alignment, thresholds)
+        reasons = flag_reasons(outcome.alignment, thresholds)
+        flagged = bool(reasons)
         # The metrics describe the policy the trainer recomputed with: the one before this
         # step's update.
         metrics = {
@@ -238,13 +239,36 @@ def run(config: TrainConfig, export: ExportClient, backend: BackendClient) -> li
                 log.warning("batch %s acked after its lease expired", batch_id)
         current_version = version
         reports.append(StepReport(step, tuple(batch_ids), version, outcome, flagged))
-        log.info("step %d: %s", step, outcome)
+        log.info("%s", progress_line(step, config.steps, outcome, version, reasons))
     return reports
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def progress_line(
+    step: int, steps: int, outcome: StepOutcome, version: str, flagged: Sequence[str]
+) -> str:
+    """One step as a researcher reads it: data, loss, alignment, what was published."""
+    a = outcome.alignment
+    experts = "" if a.expert_overlap is None else f" experts {a.expert_overlap:.3f}"
+    line = (
+        f"step {step}/{steps}: {outcome.samples} samples, reward {outcome.mean_reward:.3f} "
+        f"(zero-variance groups {outcome.zero_variance_share:.0%}), "
+        f"loss {outcome.policy_loss:+.4g}, kl {outcome.kl_loss:.3g}, "
+        f"grad norm {outcome.grad_norm:.3g}, clipped {outcome.clipped_sequences} seqs; "
+        f"alignment r {a.pearson_r:.4f} |dlogp| p99 {a.abs_dlogp_p99:.2e}{experts} "
+        f"over {a.tokens} tokens; published {version}"
+    )
+    if flagged:
+        line += " -- FLAGGED: " + "; ".join(flagged)
+    return line
+
+
+def main(
+    argv: Sequence[str] | None = None, *, prog: str = "python -m trainer_bridge.train"
+) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    config = config_from_args(argv)
+    # Polling for batches is an HTTP request every poll_interval_s: not news.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = config_from_args(argv, prog=prog)
     with (
         ExportClient(config.proxy_url, config.admin_key, config.run_id) as export,
         BackendClient(config.backend_url) as backend,

@@ -10,10 +10,15 @@ Contract:
   ``InvalidRequest`` naming the first offending field.
 - ``session_json(session, public_url)`` is a session as both APIs answer it, with the base
   URLs a harness is handed.
+- Lists page by an opaque cursor (``cursor_of``/``parse_cursor``: the (created_at, id) of
+  a page's last item); ``query_int``/``query_bool`` read query parameters, each bad value
+  an ``InvalidRequest`` naming the parameter.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -85,3 +90,42 @@ def session_json(session: SessionInfo, public_url: str) -> dict[str, object]:
         "openai_base_url": f"{public_url}/s/{session.key}/v1",
         "anthropic_base_url": f"{public_url}/s/{session.key}",
     }
+
+
+def cursor_of(created_at: float, item_id: str) -> str:
+    """An opaque page cursor: the (created_at, id) of the last item of a page."""
+    raw = orjson.dumps([created_at, item_id])
+    return base64.urlsafe_b64encode(raw).decode("ascii")
+
+
+def parse_cursor(value: str | None) -> tuple[float, str] | None:
+    if not value:
+        return None
+    try:
+        created, item_id = orjson.loads(base64.urlsafe_b64decode(value.encode("ascii")))
+        return float(created), str(item_id)
+    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+        raise InvalidRequest("invalid cursor", param="cursor") from None
+
+
+def query_int(value: str | None, name: str, *, default: int, low: int, high: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer", param=name) from None
+    if not low <= number <= high:
+        raise InvalidRequest(f"{name} must be in [{low}, {high}]", param=name)
+    return number
+
+
+def query_bool(value: str | None, name: str) -> bool | None:
+    if value is None or value == "":
+        return None
+    lowered = value.lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise InvalidRequest(f"{name} must be true or false", param=name)

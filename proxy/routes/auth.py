@@ -2,7 +2,9 @@
 
 Contract: ``require_admin(authorization, admin_key, api)`` returns when the header is
 ``Bearer <admin key>`` (compared in constant time) and raises ``AuthenticationFailed``
-naming ``api`` otherwise.
+naming ``api`` otherwise, with a message that tells a missing key (or another scheme)
+from a wrong one. The admin key is ``LEGO_ADMIN_KEY`` (in development, unset, the default
+``lego-dev-admin-key``, which ``lego-proxy serve`` prints at start).
 """
 
 from __future__ import annotations
@@ -14,5 +16,9 @@ from kernel.errors import AuthenticationFailed
 
 def require_admin(authorization: str, admin_key: bytes, api: str) -> None:
     scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), admin_key):
+    if scheme.lower() != "bearer" or not token.strip():
         raise AuthenticationFailed(f"the {api} needs 'Authorization: Bearer <admin key>'")
+    if not hmac.compare_digest(token.strip().encode(), admin_key):
+        raise AuthenticationFailed(
+            f"the {api} was sent a Bearer key that is not this proxy's admin key (LEGO_ADMIN_KEY)"
+        )

@@ -4,6 +4,7 @@ Owns the control API's wire models and routes. Errors use the same envelope as t
 OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``).
 
     POST /api/v1/runs                          {"name"}                       -> run
+    GET  /api/v1/runs?cursor=&limit=                              -> {"items", "next_cursor"}
     POST /api/v1/runs/{run_id}/sessions        {"task_id", "group_id", ...}   -> session + key
     POST /api/v1/sessions/{id}/finish          {"termination", "reward"}      -> session
     GET  /api/v1/sessions/{id}                                                -> session
@@ -19,7 +20,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator
 
-from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
+from proxy.routes.admin_api import (
+    ErrorRenderer,
+    admin_endpoint,
+    cursor_of,
+    parse_body,
+    parse_cursor,
+    query_int,
+    session_json,
+)
 from proxy.settings import Settings
 from proxy.state import AppState
 from recorder.export_wire import segment_json
@@ -100,6 +109,16 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         body = parse_body(CreateRun, await request.body())
         run = await state.store.create_run(body.name)
         return {"id": run.id, "name": run.name, "created_at": run.created_at}
+
+    async def list_runs(state: AppState, request: Request) -> object:
+        query = request.query_params
+        limit = query_int(query.get("limit"), "limit", default=100, low=1, high=1000)
+        found = await state.store.list_runs(after=parse_cursor(query.get("cursor")), limit=limit)
+        last = found[-1] if len(found) == limit else None
+        return {
+            "items": [{"id": r.id, "name": r.name, "created_at": r.created_at} for r in found],
+            "next_cursor": None if last is None else cursor_of(last.created_at, last.id),
+        }
 
     async def create_session(state: AppState, request: Request) -> object:
         body = parse_body(CreateSession, await request.body())
@@ -184,6 +203,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         }
 
     router.add_api_route("/runs", admin(create_run), methods=["POST"])
+    router.add_api_route("/runs", admin(list_runs), methods=["GET"])
     router.add_api_route("/runs/{run_id}/sessions", admin(create_session), methods=["POST"])
     router.add_api_route("/sessions/{session_id}/finish", admin(finish_session), methods=["POST"])
     router.add_api_route("/sessions/{session_id}", admin(get_session), methods=["GET"])

@@ -28,21 +28,27 @@ exported as ``lego_alignment_<metric>{run}`` gauges.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernel.errors import InvalidRequest, RecorderError
+from kernel.errors import RecorderError
 from proxy.gate import RunGate
 from proxy.metrics import Metrics
-from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
+from proxy.routes.admin_api import (
+    ErrorRenderer,
+    admin_endpoint,
+    cursor_of,
+    parse_body,
+    parse_cursor,
+    query_bool,
+    query_int,
+    session_json,
+)
 from proxy.settings import Settings
 from recorder.export import AlignmentReport, Claim, ExportStore
 from recorder.export_wire import (
@@ -150,11 +156,11 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
     async def trajectories(state: ExportState, request: Request) -> object:
         query = request.query_params
         run = await state.store.get_run(run_id(request))
-        limit = _int(query.get("limit"), "limit", default=100, low=1, high=1000)
-        finished = _bool(query.get("finished"), "finished")
-        excluded = _bool(query.get("excluded"), "excluded")
+        limit = query_int(query.get("limit"), "limit", default=100, low=1, high=1000)
+        finished = query_bool(query.get("finished"), "finished")
+        excluded = query_bool(query.get("excluded"), "excluded")
         scanned = await state.store.list_sessions(
-            run.id, after=_decode_cursor(query.get("cursor")), limit=limit, finished=finished
+            run.id, after=parse_cursor(query.get("cursor")), limit=limit, finished=finished
         )
         items = [
             session_json(s, public_url)
@@ -162,7 +168,10 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             if excluded is None or (s.termination in EXCLUDED_TERMINATIONS) == excluded
         ]
         last = scanned[-1] if len(scanned) == limit else None
-        return {"items": items, "next_cursor": None if last is None else _cursor(last)}
+        return {
+            "items": items,
+            "next_cursor": None if last is None else cursor_of(last.created_at, last.id),
+        }
 
     async def claim(state: ExportState, request: Request) -> object:
         body = parse_body(ClaimBody, await request.body())
@@ -293,41 +302,3 @@ def _alignment_json(report: AlignmentReport) -> dict[str, object]:
         "flagged": report.flagged,
         "created_at": report.created_at,
     }
-
-
-def _cursor(session: SessionInfo) -> str:
-    raw = orjson.dumps([session.created_at, session.id])
-    return base64.urlsafe_b64encode(raw).decode("ascii")
-
-
-def _decode_cursor(value: str | None) -> tuple[float, str] | None:
-    if not value:
-        return None
-    try:
-        created, sid = orjson.loads(base64.urlsafe_b64decode(value.encode("ascii")))
-        return float(created), str(sid)
-    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
-        raise InvalidRequest("invalid cursor", param="cursor") from None
-
-
-def _int(value: str | None, name: str, *, default: int, low: int, high: int) -> int:
-    if value is None or value == "":
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be an integer", param=name) from None
-    if not low <= number <= high:
-        raise InvalidRequest(f"{name} must be in [{low}, {high}]", param=name)
-    return number
-
-
-def _bool(value: str | None, name: str) -> bool | None:
-    if value is None or value == "":
-        return None
-    lowered = value.lower()
-    if lowered in ("true", "1"):
-        return True
-    if lowered in ("false", "0"):
-        return False
-    raise InvalidRequest(f"{name} must be true or false", param=name)

@@ -294,3 +294,45 @@ def test_unknown_routes_get_the_error_envelope(proxy: Proxy) -> None:
     for path in ("/v1/no-such-endpoint", "/api/v1/no-such-thing", "/s/some-key/v1/nope"):
         error = error_of(httpx.get(f"{proxy.url}{path}"), 404)
         assert error["code"] == "not_found"
+
+
+def test_a_missing_admin_key_and_a_wrong_one_are_told_apart(proxy: Proxy) -> None:
+    with httpx.Client(base_url=proxy.url, timeout=30) as anonymous:
+        missing = error_of(anonymous.get("/api/v1/runs"), 401)["message"]
+        wrong = error_of(
+            anonymous.get("/api/v1/runs", headers={"authorization": "Bearer nope"}), 401
+        )["message"]
+    assert "needs 'Authorization: Bearer <admin key>'" in missing
+    assert "not this proxy's admin key (LEGO_ADMIN_KEY)" in wrong
+
+
+def test_a_wrong_method_is_405_with_allow_and_its_own_code(proxy: Proxy) -> None:
+    response = httpx.delete(f"{proxy.url}/api/v1/runs")
+    error = error_of(response, 405)
+    assert error["code"] == "method_not_allowed"
+    assert set(response.headers["allow"].replace(" ", "").split(",")) == {"GET", "POST"}
+
+
+def test_the_root_says_where_to_go(proxy: Proxy) -> None:
+    index = httpx.get(f"{proxy.url}/").raise_for_status().json()
+    assert index["live_ui"] == "/ui"
+    assert index["health"] == "/healthz"
+    assert httpx.head(f"{proxy.url}/").status_code == 200  # harness preconnects still work
+
+
+def test_runs_are_listed_in_creation_order_with_a_cursor(proxy: Proxy) -> None:
+    created = [new_run(proxy) for _ in range(3)]
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        params = {"limit": "2", **({"cursor": cursor} if cursor else {})}
+        page = proxy.admin.get("/api/v1/runs", params=params).raise_for_status().json()
+        assert len(page["items"]) <= 2
+        seen += [run["id"] for run in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert [run for run in seen if run in created] == created
+    assert len(seen) == len(set(seen))
+    error = error_of(proxy.admin.get("/api/v1/runs", params={"cursor": "%%%"}), 400)
+    assert error["param"] == "cursor"

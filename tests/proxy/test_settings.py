@@ -110,3 +110,14 @@ def test_effective_database_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     # An empty variable counts as unset (compose files often template it to "").
     monkeypatch.setenv("LEGO_DATABASE_URL", "")
     assert Settings().effective_database_url == expected
+
+
+def test_every_setting_is_described_and_in_the_readme_table() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = {
+        line.split("|")[1].strip().strip("`") for line in readme.splitlines() if "| `LEGO_" in line
+    }
+    for name, field in Settings.model_fields.items():
+        assert field.description, f"LEGO_{name.upper()} has no description"
+        assert f"LEGO_{name.upper()}" in rows, f"LEGO_{name.upper()} is missing from the README"
+    assert rows <= {f"LEGO_{name.upper()}" for name in Settings.model_fields}  # none stale

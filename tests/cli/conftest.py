@@ -1,0 +1,45 @@
+"""Shared by the command-line tests: the installed console script, a clean environment,
+and the processes a command started."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def lego_proxy() -> str:
+    path = shutil.which("lego-proxy")
+    assert path is not None, "the lego-proxy console script is not installed"
+    return path
+
+
+def clean_env(**lego: str) -> dict[str, str]:
+    """The current environment without any LEGO_ variable, plus ``lego``."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("LEGO_")}
+    env.update(lego)
+    return env
+
+
+def children_of(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'.
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the process exited while we looked
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def is_running(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

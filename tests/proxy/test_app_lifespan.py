@@ -1,0 +1,30 @@
+"""A proxy that fails to start stops what it had started: no engine child is left behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kernel.threaded import free_port, serve
+from proxy.app import create_app
+from proxy.settings import Settings
+from tests.cli.conftest import children_of, is_running
+
+
+# uvicorn ends its thread with SystemExit when the lifespan fails: that failure is the test.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_failed_start_stops_the_engine_it_started(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # The bad scheme is found only after the embedded engine is up (opening the store).
+    settings = Settings(
+        data_dir=tmp_path,
+        port=free_port(),
+        tokenizer_path=tiny_model_dir,
+        database_url="postgresql://lego@127.0.0.1/lego",
+    )
+    before = set(children_of(os.getpid()))
+    with pytest.raises(RuntimeError, match="died during start-up"), serve(create_app(settings)):
+        pass
+    left = [pid for pid in set(children_of(os.getpid())) - before if is_running(pid)]
+    assert left == [], "the embedded engine outlived the failed start"
