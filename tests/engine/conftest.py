@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
 from engine.loopback import running_engine
+from tests.engine.helpers import engine_config
 
 
 @pytest.fixture(scope="session")
 def engine_url(tiny_model_dir: Path) -> Iterator[str]:
-    with running_engine(EngineConfig(model_path=tiny_model_dir)) as url:
+    with running_engine(engine_config(tiny_model_dir)) as url:
         yield url
