@@ -1,8 +1,11 @@
 """``create_app(settings)``: the one place the proxy's lifecycles live.
 
-Start-up, in order: the embedded engine (only when no backend URL is set), the tokenizer
-whose chat template renders prompts, the pooled HTTP client, the database (brought to the
-current schema under a lock), the turn writer, then the routes. Shutdown reverses it and
+Start-up, in order: the embedded engine (only when no backend URL is set), the pooled HTTP
+client, the backend's topology and every worker's ``/server_info`` (the proxy refuses to
+start, with one line naming the worker and the flag, when it would record without routed
+experts it expects; limits are tightened to what the workers accept), the tokenizer whose
+chat template renders prompts, the database (brought to the current schema under a lock),
+the turn writer, then the routes. Shutdown reverses it and
 flushes every pending turn. Nothing happens at import time and nothing is global: two apps
 in one process share nothing.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
-from kernel.errors import LegoError, NotFound
+from kernel.errors import BackendMisconfigured, LegoError, NotFound
 from kernel.paths import default_model_dir
 from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
@@ -48,6 +52,8 @@ from recorder.migrate import upgrade_database
 from recorder.spool import Spool
 from recorder.store import Store
 from recorder.writer import TurnWriter
+
+_log = logging.getLogger(__name__)
 
 
 def expert_shape(model_dir: Path) -> ExpertShape | None:
@@ -95,6 +101,7 @@ def create_app(settings: Settings) -> FastAPI:
                 model_dir=settings.tokenizer_path,
                 data_dir=settings.data_dir,
                 extra_args=settings.engine_args,
+                routed_experts=settings.return_routed_experts,
             )
             await engine.start()
             backend_urls = (engine.url,)
@@ -110,8 +117,15 @@ def create_app(settings: Settings) -> FastAPI:
             backend_urls,
             expert_shape(model_dir),
             health_interval_s=settings.backend_health_interval_s,
+            context_length=settings.context_length,
+            require_experts=settings.return_routed_experts,
         )
         try:
+            try:
+                await backend.connect()
+            except BackendMisconfigured as exc:
+                _log.error("lego-proxy cannot start: %s", exc.message)
+                raise
             tokenizer = load_tokenizer(model_dir)
             await upgrade_database(settings.effective_database_url)
             # One spool directory per proxy (host + port), so a restart finds its own spool;
