@@ -8,7 +8,8 @@ Owns the trainer's HTTP, nothing else:
   ``recorder.export_wire.decode_claim`` into its frozen ``ClaimedBatch``; ``ack`` a batch,
   ``pause``/``resume`` the run around a weight sync, ``announce_weight_version``, and
   ``post_alignment`` metrics.
-- ``raise_for(response)``: an HTTP error status as the exception tree (below).
+- ``JsonClient``: the pooled client both build on (``trainer_bridge.weights`` too);
+  ``raise_for(response)``: an HTTP error status as the exception tree (below).
 
 Errors are raised from ``kernel.errors``: an HTTP error status becomes the ``LegoError``
 subclass carrying that status (401, 403, 404, 409, 413, 400; anything else ``BackendError``
@@ -68,7 +69,9 @@ def raise_for(response: httpx.Response) -> None:
     raise BackendError(text, backend_status=response.status_code)
 
 
-class _Http:
+class JsonClient:
+    """One pooled ``httpx.Client``; ``post`` raises the exception tree, never returns errors."""
+
     def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float) -> None:
         self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
 
@@ -95,7 +98,7 @@ class _Http:
         self.close()
 
 
-class ExportClient(_Http):
+class ExportClient(JsonClient):
     """The proxy's export/control API for one run, under the admin key."""
 
     def __init__(

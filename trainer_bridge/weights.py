@@ -37,13 +37,11 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
 import httpx
 
 from kernel.errors import BackendError, BackendUnavailable, LegoError
-from trainer_bridge.client import raise_for
+from trainer_bridge.client import JsonClient
 
 log = logging.getLogger("trainer_bridge")
 
@@ -92,12 +90,12 @@ def _is_json_object(response: httpx.Response) -> bool:
         return False
 
 
-class WeightSync:
+class WeightSync(JsonClient):
     def __init__(
         self, backend_url: str, *, timeout_s: float = 600.0, flush_timeout_s: float = 60.0
     ) -> None:
+        super().__init__("", {}, timeout_s)  # every call names its worker's URL
         self._backend_url = backend_url
-        self._http = httpx.Client(timeout=timeout_s)
         self._flush_timeout_s = flush_timeout_s
 
     def publish(self, model_path: str, version: str) -> SyncReport:
@@ -138,12 +136,7 @@ class WeightSync:
         return report
 
     def _post(self, worker: Worker, path: str, body: object) -> httpx.Response:
-        try:
-            response = self._http.post(f"{worker.url}{path}", json=body)
-        except httpx.TransportError as exc:
-            raise BackendUnavailable(f"POST {worker.url}{path}: {exc}") from exc
-        raise_for(response)
-        return response
+        return self.post(f"{worker.url}{path}", body)
 
     def _flush(self, worker: Worker) -> None:
         # SGLang refuses (400) while requests still run; an abort-mode pause drains them.
@@ -171,20 +164,6 @@ class WeightSync:
             log.error("could not remove %s from the router %s: %s", worker.url, router, exc)
             return False
         return response.status_code in (200, 202, 204)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        _type: type[BaseException] | None,
-        _value: BaseException | None,
-        _tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _each(

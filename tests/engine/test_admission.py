@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from transformers import AutoTokenizer
 
 from engine.loopback import running_engine
 from tests.engine.helpers import engine_config, generate, stream_chunks
@@ -30,11 +29,6 @@ SCRIPT = {
     ],
     "default": "OK.",
 }
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> Any:
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
 
 @pytest.fixture(scope="module")

@@ -15,18 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
-from transformers import AutoTokenizer
 
 from engine.loopback import running_engine
 from tests.engine.helpers import engine_config, generate
 
 SLOW = "tick " * 40
 SCRIPT = {"rules": [{"match": "slow", "reply": SLOW, "delay_s": 0.02}], "default": "OK."}
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> Any:
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +67,16 @@ async def _until_tokens(chunks_task: asyncio.Task[Any], client: httpx.AsyncClien
     raise AssertionError("the request never started")
 
 
+async def _started(
+    client: httpx.AsyncClient, prompt: list[int], max_new_tokens: int
+) -> tuple[dict[str, Any], asyncio.Task[list[dict[str, Any]]]]:
+    """A slow request, streaming, once it has sampled a few tokens; and its body."""
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": max_new_tokens}}
+    running = asyncio.create_task(_stream(client, body))
+    await _until_tokens(running, client)
+    return body, running
+
+
 async def test_abort_matches_by_prefix_once_the_exact_rid_is_live(
     slow_engine: str, slow_prompt: list[int]
 ) -> None:
@@ -98,9 +102,7 @@ async def test_pause_in_abort_mode_aborts_and_holds_new_requests(
     slow_engine: str, slow_prompt: list[int]
 ) -> None:
     async with httpx.AsyncClient(base_url=slow_engine, timeout=60) as client:
-        body = {"input_ids": slow_prompt, "sampling_params": {"max_new_tokens": 40}}
-        running = asyncio.create_task(_stream(client, body))
-        await _until_tokens(running, client)
+        body, running = await _started(client, slow_prompt, 40)
         assert (await client.post("/pause_generation", json={"mode": "abort"})).status_code == 200
         aborted = await running
         assert aborted[-1]["meta_info"]["finish_reason"]["status_code"] is None
@@ -120,9 +122,7 @@ async def test_a_weight_update_waits_for_running_requests_and_holds_new_ones(
     slow_engine: str, slow_prompt: list[int], tiny_model_dir: Path
 ) -> None:
     async with httpx.AsyncClient(base_url=slow_engine, timeout=60) as client:
-        body = {"input_ids": slow_prompt, "sampling_params": {"max_new_tokens": 30}}
-        running = asyncio.create_task(_stream(client, body))
-        await _until_tokens(running, client)
+        body, running = await _started(client, slow_prompt, 30)
         update = asyncio.create_task(
             client.post(
                 "/update_weights_from_disk",
@@ -156,9 +156,7 @@ async def test_a_request_that_straddles_a_version_change_reports_spans(
     slow_engine: str, slow_prompt: list[int]
 ) -> None:
     async with httpx.AsyncClient(base_url=slow_engine, timeout=60) as client:
-        body = {"input_ids": slow_prompt, "sampling_params": {"max_new_tokens": 30}}
-        running = asyncio.create_task(_stream(client, body))
-        await _until_tokens(running, client)
+        _, running = await _started(client, slow_prompt, 30)
         await client.post("/pause_generation", json={"mode": "in_place"})
         change = {"new_version": "v2", "abort_all_requests": False}
         assert (await client.post("/update_weight_version", json=change)).status_code == 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,17 +113,20 @@ def test_the_proxy_refuses_to_start_without_expert_capture(
         asyncio.run(start_quiet())
 
 
-async def test_a_worker_that_joins_later_is_read_and_checked(tiny_model_dir: Path) -> None:
+KEYS = [f"session-{i}" for i in range(40)]
+
+
+async def _late_worker_joins(
+    model: Path, until: Callable[[SGLangBackend, str], bool], **late: Any
+) -> tuple[SGLangBackend, str]:
+    """A backend over [a good worker, a worker that starts after ``connect``]; the late
+    worker is an engine with ``late`` flags. Returns once ``until(backend, first)``."""
     port = free_port()
-    late = f"http://127.0.0.1:{port}"
-    wide = EngineConfig(
-        model_path=tiny_model_dir, zero_compute=True, enable_return_routed_experts=True
-    )
-    with running_engine(wide) as first:
+    with running_engine(_zero(model, enable_return_routed_experts=True)) as first:
         async with httpx.AsyncClient() as client:
             backend = SGLangBackend(
                 client,
-                [first, late],
+                [first, f"http://127.0.0.1:{port}"],
                 SHAPE,
                 context_length=8192,
                 require_experts=True,
@@ -131,41 +135,31 @@ async def test_a_worker_that_joins_later_is_read_and_checked(tiny_model_dir: Pat
             await backend.connect()  # the late worker is not up yet: only the first is read
             assert backend.limits.max_prompt_tokens == 8191
             backend.start()
-            narrow = _zero(
-                tiny_model_dir, enable_return_routed_experts=True, context_length=512, port=port
-            )
             try:
-                with serve(create_engine_app(narrow), port=port):
+                with serve(create_engine_app(_zero(model, port=port, **late)), port=port):
                     for _ in range(100):
-                        if backend.limits.max_prompt_tokens < 8191:
+                        if until(backend, first):
                             break
                         await asyncio.sleep(0.05)
             finally:
                 await backend.close()
+    return backend, first
+
+
+async def test_a_worker_that_joins_later_is_read_and_checked(tiny_model_dir: Path) -> None:
+    backend, _ = await _late_worker_joins(
+        tiny_model_dir,
+        lambda b, _: b.limits.max_prompt_tokens < 8191,
+        enable_return_routed_experts=True,
+        context_length=512,
+    )
     assert backend.limits == BackendLimits(context_length=512, max_prompt_tokens=505)
 
 
 async def test_an_incompatible_worker_that_joins_is_never_routed_to(tiny_model_dir: Path) -> None:
-    port = free_port()
-    late = f"http://127.0.0.1:{port}"
-    good = EngineConfig(
-        model_path=tiny_model_dir, zero_compute=True, enable_return_routed_experts=True
-    )
-    with running_engine(good) as first:
-        async with httpx.AsyncClient() as client:
-            backend = SGLangBackend(
-                client, [first, late], SHAPE, require_experts=True, health_interval_s=0.05
-            )
-            await backend.connect()
-            backend.start()
-            blind = _zero(tiny_model_dir, port=port)
-            try:
-                with serve(create_engine_app(blind), port=port):
-                    keys = [f"session-{i}" for i in range(40)]
-                    for _ in range(100):
-                        await asyncio.sleep(0.05)
-                        if all(backend.route(k) == [first] for k in keys):
-                            break
-            finally:
-                await backend.close()
-    assert all(backend.route(k) == [first] for k in keys)
+    def only_first(backend: SGLangBackend, first: str) -> bool:
+        return all(backend.route(k) == [first] for k in KEYS)
+
+    # Without --enable-return-routed-experts: it would record turns without routing.
+    backend, first = await _late_worker_joins(tiny_model_dir, only_first)
+    assert only_first(backend, first)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -208,20 +209,17 @@ def test_the_proxy_keeps_to_the_servers_limits(seeing: Proxy, seeing_tap: Backen
     assert call.body["sampling_params"]["max_new_tokens"] == MAX_REQ_INPUT_LEN - prompt
 
 
-def _stream_until_text(
-    client: httpx.Client, session: dict[str, Any], content: str
-) -> tuple[Any, Iterator[str]]:
-    response = client.stream(
-        "POST",
-        f"{session['openai_base_url']}/chat/completions",
-        json={"model": "m", "messages": [{"role": "user", "content": content}], "stream": True},
-    )
-    opened = response.__enter__()
-    lines = opened.iter_lines()
-    for line in lines:
-        if line.startswith("data:") and '"content":"r' in line.replace(" ", ""):
-            break
-    return response, lines
+@contextmanager
+def _streaming(session: dict[str, Any], content: str) -> Iterator[Iterator[str]]:
+    """A streamed chat turn, held open once its answer has begun; yields the rest."""
+    body = {"model": "m", "messages": [{"role": "user", "content": content}], "stream": True}
+    url = f"{session['openai_base_url']}/chat/completions"
+    with httpx.Client(timeout=60) as client, client.stream("POST", url, json=body) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data:") and '"content":"r' in line.replace(" ", ""):
+                break
+        yield lines
 
 
 def test_a_version_change_inside_one_call_is_recorded_per_token(
@@ -229,15 +227,13 @@ def test_a_version_change_inside_one_call_is_recorded_per_token(
 ) -> None:
     session = seeing.new_session()
     seeing_tap.reset()
-    with httpx.Client(timeout=60) as client:
-        response, lines = _stream_until_text(client, session, "BRIEF")
+    with _streaming(session, "BRIEF") as lines:
         # A retract/in-place weight sync: the request stays alive across the change.
         httpx.post(f"{small_engine}/pause_generation", json={"mode": "in_place"})
         change = {"new_version": "v2", "abort_all_requests": False}
         httpx.post(f"{small_engine}/update_weight_version", json=change).raise_for_status()
         httpx.post(f"{small_engine}/continue_generation", json={})
         rest = [line for line in lines if line]
-        response.__exit__(None, None, None)
     assert rest[-1] == "data: [DONE]"
     (call,) = seeing_tap.generates  # not an abort: one backend call
     sent = call.final["meta_info"]["weight_versions"]
@@ -261,13 +257,11 @@ def test_a_disconnect_during_a_resumption_aborts_the_rid_in_flight(
 ) -> None:
     session = seeing.new_session()
     seeing_tap.reset()
-    with httpx.Client(timeout=60) as client:
-        response, lines = _stream_until_text(client, session, "BRIEF")
+    with _streaming(session, "BRIEF") as lines:
         httpx.post(f"{small_engine}/pause_generation", json={"mode": "abort"})
         time.sleep(0.3)
         httpx.post(f"{small_engine}/continue_generation", json={})
-        next(lines)  # the resumed call is sampling
-        response.__exit__(None, None, None)  # the harness goes away
+        next(lines)  # the resumed call is sampling; then the harness goes away
     deadline = time.monotonic() + 10
     while not seeing_tap.aborts and time.monotonic() < deadline:
         time.sleep(0.05)
