@@ -274,6 +274,7 @@ class SGLangBackend:
         for info in read:
             if info is not None:
                 self._infos[info.url] = info
+                _log.info("backend worker %s", info.describe())
         return [info for info in read if info is not None]
 
     async def _server_info(self, url: str) -> ServerInfo | None:

@@ -44,6 +44,17 @@ class ServerInfo:
     deterministic: bool
     weight_version: str | None = None
 
+    def describe(self) -> str:
+        """One line for the log: what the proxy learnt about this worker."""
+        return (
+            f"{self.url}: context {self.context_length}, prompts under "
+            f"{self.max_req_input_len} tokens, routed experts "
+            f"{'on' if self.routed_experts else 'off'}, "
+            f"{'incremental' if self.incremental_streaming else 'cumulative'} streaming, "
+            f"seeds {'honoured' if self.deterministic else 'ignored'}, "
+            f"weight version {self.weight_version}"
+        )
+
 
 def _int(payload: dict[str, object], key: str, url: str) -> int | None:
     value = payload.get(key)
