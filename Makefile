@@ -6,7 +6,7 @@ PY ?= python3
 install:  ## torch first, pinned to the CPU wheel on disk, so pip never pulls a CUDA build
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[engine,dev]'
-	$(PY) -m pip install -q --no-deps sglang==0.5.23  # its parsers only, for the differential tests
+	$(PY) -m pip install -q --no-deps sglang==0.5.23  # its parsers and request types, for the differential and conformance tests
 
 demo: install  ## one scripted rollout on the embedded default (SQLite + local CPU engine)
 	lego-proxy demo

@@ -274,7 +274,13 @@ def run(args: argparse.Namespace) -> None:
         processes.append(
             start_server(
                 python_module(
-                    "engine", "--model", str(model), "--port", str(engine_port), "--zero-compute"
+                    "engine",
+                    "--model",
+                    str(model),
+                    "--port",
+                    str(engine_port),
+                    "--zero-compute",
+                    "--enable-return-routed-experts",
                 ),
                 env,
                 f"{engine}/health",

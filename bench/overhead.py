@@ -71,7 +71,13 @@ def run(args: argparse.Namespace) -> None:
     env = {**os.environ, "LEGO_DATA_DIR": str(root)}
     engine = start_server(
         python_module(
-            "engine", "--model", str(model), "--port", str(engine_port), "--zero-compute"
+            "engine",
+            "--model",
+            str(model),
+            "--port",
+            str(engine_port),
+            "--zero-compute",
+            "--enable-return-routed-experts",
         ),
         env,
         f"{engine_url}/health",

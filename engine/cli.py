@@ -51,6 +51,31 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="stream only what is new in each chunk, as SGLang's flag of that name",
     )
     parser.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="return routed experts when a request asks (SGLang's flag)",
+    )
+    parser.add_argument(
+        "--enable-deterministic-inference",
+        action="store_true",
+        help="honour sampling_seed (SGLang ignores it without this flag)",
+    )
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="the longest prompt + output accepted (default: the model config's)",
+    )
+    parser.add_argument(
+        "--max-total-tokens", type=int, default=None, help="KV pool size (limits prompts)"
+    )
+    parser.add_argument(
+        "--req-running-timeout",
+        type=float,
+        default=None,
+        help="seconds a request may run before a 503 abort (SGLANG_REQ_RUNNING_TIMEOUT)",
+    )
+    parser.add_argument(
         "--weight-version", default="default", help="the weight version reported at start"
     )
     parser.add_argument(
@@ -88,6 +113,11 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         script_path=args.script,
         zero_compute=args.zero_compute,
         incremental_streaming_output=args.incremental_streaming_output,
+        enable_return_routed_experts=args.enable_return_routed_experts,
+        enable_deterministic_inference=args.enable_deterministic_inference,
+        context_length=args.context_length,
+        max_total_tokens=args.max_total_tokens,
+        req_running_timeout_s=args.req_running_timeout,
         weight_version=args.weight_version,
         served_model_name=args.served_model_name,
         torch_threads=args.torch_threads or None,

@@ -14,6 +14,14 @@ class EngineConfig:
     script_path: Path | None = None  # scripted policy (engine.script)
     zero_compute: bool = False  # fixed replies, no forward pass (overhead benchmarks)
     incremental_streaming_output: bool = False  # SGLang's --incremental-streaming-output
+    # SGLang's --enable-return-routed-experts: without it no request gets routed experts.
+    enable_return_routed_experts: bool = False
+    # SGLang's --enable-deterministic-inference: without it sampling_seed is ignored.
+    enable_deterministic_inference: bool = False
+    context_length: int | None = None  # SGLang's --context-length; None: the model's
+    max_total_tokens: int | None = None  # SGLang's --max-total-tokens (the KV pool's size)
+    # SGLang's SGLANG_REQ_RUNNING_TIMEOUT: a request running longer ends in a 503 abort.
+    req_running_timeout_s: float | None = None
     weight_version: str = "default"
     served_model_name: str | None = None  # unset: the model path, as SGLang does
     # CPU intra-op threads (process-wide). For the tiny model one thread is fastest: waking

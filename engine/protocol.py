@@ -6,7 +6,9 @@ events and renders SGLang's response body: the whole body for a non-streaming ca
 per-chunk bodies when streaming, cumulative by default (full ``text``/``output_ids``/
 ``output_token_logprobs`` so far) or deltas in incremental mode. ``e2e_latency`` and
 ``routed_experts`` (base64 of little-endian C-contiguous int32 ``[rows, layers, top_k]``)
-appear only on the final chunk. ``input_token_logprobs`` is ``[]`` until the final chunk
+appear only on the final chunk, and so does ``weight_versions``: the spans of output tokens
+each weight version sampled (``engine.weights``), after which ``weight_version`` names the
+last of them. ``input_token_logprobs`` is ``[]`` until the final chunk
 (SGLang sends it with the first chunk; the local engine computes it at the end).
 """
 
@@ -20,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from engine.jobs import FinishEvent, GenerationJob, TokenEvent
+from engine.weights import weight_version_spans
 
 Decoder = Callable[[Sequence[int], bool], str]
 
@@ -45,7 +48,7 @@ class GenerateBody(_Body):
 
 
 class AbortBody(_Body):
-    rid: str = ""
+    rid: str | None = ""
     abort_all: bool = False
 
 
@@ -153,6 +156,9 @@ class OutputState:
             meta["input_token_logprobs"] = [[lp, tok, None] for lp, tok in inputs]
         if finish is not None:
             meta["e2e_latency"] = e2e_latency
+            spans = weight_version_spans(finish.version_events, weight_version, len(self.ids))
+            meta["weight_versions"] = spans
+            meta["weight_version"] = spans[-1]["version"]
             if self._return_routed and finish.routed_experts is not None:
                 meta["routed_experts"] = encode_routed_experts(finish.routed_experts)
         body: dict[str, object] = {

@@ -1,10 +1,14 @@
 """SGLang ``sampling_params``: parsing with SGLang's contract, and token selection.
 
-Owns ``SamplingParams`` (frozen), ``parse_sampling_params(raw)`` and ``choose_token``.
+Owns ``SamplingParams`` (frozen), ``parse_sampling_params(raw)``,
+``verify_sampling_params(params)`` and ``choose_token``.
 
-Parsing follows SGLang 0.5.23: only SGLang's own keys are accepted (an unknown key raises
-``SamplingContractError``, rendered as HTTP 400 ``{"error": "unknown field `x`, expected
-one of ..."}``) and ``null`` means the default. Keys that ask for constrained decoding,
+Parsing follows SGLang 0.5.23's schema gate: only SGLang's own keys are accepted (an
+unknown key raises ``SamplingContractError``, rendered as HTTP 400 ``{"error": "unknown
+field `x`, expected one of ..."}``), values must have the right types, and ``null`` means
+the default. Ranges are checked separately by ``verify_sampling_params``, with SGLang's
+rules and wording (``SamplingParams.verify``), because SGLang checks them later, inside the
+request (a streamed request then fails in band). Keys that ask for constrained decoding,
 beams, watermarks or more than one sample (``json_schema``, ``regex``, ``ebnf``,
 ``structural_tag``, ``choice``, ``beam_width``, ``watermark``, ``custom_params``, ``n`` > 1)
 are refused with ``Unsupported`` rather than silently ignored.
@@ -17,6 +21,7 @@ temperature, ``top_k``, ``top_p`` and ``min_p`` shape the distribution and a per
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -152,7 +157,7 @@ def parse_sampling_params(raw: Mapping[str, object] | None) -> SamplingParams:
     except ValueError as exc:
         raise InvalidRequest("sampling_params.logit_bias keys must be token ids") from exc
     seed = given.get("sampling_seed")
-    params = SamplingParams(
+    return SamplingParams(
         max_new_tokens=_int(given.get("max_new_tokens", 128), "max_new_tokens"),
         stop=_strs(given.get("stop", []), "stop"),
         stop_token_ids=tuple(ids),
@@ -175,32 +180,47 @@ def parse_sampling_params(raw: Mapping[str, object] | None) -> SamplingParams:
         logit_bias=bias_items,
         sampling_seed=None if seed is None else _int(seed, "sampling_seed"),
     )
-    _check_ranges(params)
-    for pattern in params.stop_regex:
+
+
+def verify_sampling_params(p: SamplingParams) -> None:
+    """SGLang's ``SamplingParams.verify``; raise ``InvalidRequest`` with its message."""
+    if not math.isfinite(p.temperature) or p.temperature < 0:
+        raise InvalidRequest(
+            f"temperature must be a non-negative finite number, got {p.temperature}."
+        )
+    if not 0 < p.top_p <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {p.top_p}.")
+    if not 0 <= p.min_p <= 1:
+        raise InvalidRequest(f"min_p must be in [0, 1], got {p.min_p}.")
+    # SGLang turns a greedy temperature into top_k = 1 before it checks top_k.
+    if not p.greedy and (p.top_k == 0 or p.top_k < -1):
+        raise InvalidRequest(f"top_k must be -1 (disable) or at least 1, got {p.top_k}.")
+    if not -2 <= p.frequency_penalty <= 2:
+        raise InvalidRequest(f"frequency_penalty must be in [-2, 2], got {p.frequency_penalty}.")
+    if not -2 <= p.presence_penalty <= 2:
+        raise InvalidRequest(f"presence_penalty must be in [-2, 2], got {p.presence_penalty}.")
+    if not 0 < p.repetition_penalty <= 2:
+        raise InvalidRequest(
+            f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {p.repetition_penalty}."
+        )
+    if p.max_new_tokens < 0:
+        raise InvalidRequest(f"max_new_tokens must be at least 0, got {p.max_new_tokens}.")
+    if not 0 <= p.min_new_tokens <= p.max_new_tokens:
+        raise InvalidRequest(
+            f"min_new_tokens must be in [0, max_new_tokens({p.max_new_tokens})], got "
+            f"{p.min_new_tokens}."
+        )
+    if p.sampling_seed is not None and not -(2**63) <= p.sampling_seed <= 2**63 - 1:
+        raise InvalidRequest(
+            f"sampling_seed must be in [-2**63, 2**63 - 1], got {p.sampling_seed}."
+        )
+    if p.stream_interval < 1:
+        raise InvalidRequest("stream_interval must be at least 1")
+    for pattern in p.stop_regex:
         try:
             re.compile(pattern)
         except re.error as exc:
             raise InvalidRequest(f"sampling_params.stop_regex is not a valid regex: {exc}") from exc
-    return params
-
-
-def _check_ranges(p: SamplingParams) -> None:
-    if p.max_new_tokens < 0:
-        raise InvalidRequest("max_new_tokens must be at least 0")
-    if p.min_new_tokens < 0 or p.min_new_tokens > p.max_new_tokens:
-        raise InvalidRequest("min_new_tokens must be in [0, max_new_tokens]")
-    if p.temperature < 0:
-        raise InvalidRequest("temperature must be non-negative")
-    if not 0 < p.top_p <= 1:
-        raise InvalidRequest("top_p must be in (0, 1]")
-    if p.top_k == 0 or p.top_k < -1:
-        raise InvalidRequest("top_k must be -1 or at least 1")
-    if not 0 <= p.min_p <= 1:
-        raise InvalidRequest("min_p must be in [0, 1]")
-    if p.repetition_penalty <= 0:
-        raise InvalidRequest("repetition_penalty must be positive")
-    if p.stream_interval < 1:
-        raise InvalidRequest("stream_interval must be at least 1")
 
 
 def _penalised(

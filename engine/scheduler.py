@@ -2,16 +2,20 @@
 
 Owns ``Scheduler`` (implements ``engine.jobs.Backend``). Each loop round prefills newly
 submitted requests and then gives every due request exactly one decode step, round-robin,
-so concurrent streams all progress. Aborts (``abort``, ``abort_all``) are flags read
-before every step; a frozen scheduler (pause in ``retract``/``in_place`` mode) keeps its
-requests and their KV caches but steps none. Weight reloads run on the same thread between
-steps, so no forward pass ever sees half-loaded weights.
+so concurrent streams all progress. Aborts (``abort``, ``abort_all``, and a running request
+past ``running_timeout_s``, SGLang's ``SGLANG_REQ_RUNNING_TIMEOUT``, which ends with status
+503) are flags read before every step; a frozen scheduler (pause in ``retract``/``in_place``
+mode) keeps its requests and their KV caches but steps none. Weight reloads and
+weight-version notes run on the same thread between steps, so no forward pass ever sees
+half-loaded weights and a version change is pinned to an exact output position.
 
-Finish rules follow SGLang's order: length (``max_new_tokens``) first, then stop tokens
-(the model's eos ids and ``stop_token_ids``, both skipped with ``ignore_eos``), then stop
-strings and ``stop_regex`` matched on the decoded tail of the output (special tokens kept).
-A scripted job emits its forced tokens (teacher-forced through the model, so logprobs and
-routing are the model's) and finishes with ``stop`` when they run out.
+Finish rules follow SGLang 0.5.23 (``Req.update_finish_state``): stop strings and
+``stop_regex`` first (matched on the decoded tail of the output, special tokens kept; a
+regex reports its pattern), then stop tokens (the model's eos ids and ``stop_token_ids``,
+both skipped with ``ignore_eos``), then length (``max_new_tokens``), so an eos sampled as
+the last allowed token is a ``stop``. A scripted job emits its forced tokens
+(teacher-forced through the model, so logprobs and routing are the model's) and finishes
+with ``stop`` when they run out.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from kernel.errors import InvalidRequest
 
 Decode = Callable[[Sequence[int]], str]
 _IDLE_WAIT_S = 1.0
+_SERVICE_UNAVAILABLE = 503
 
 
 @dataclass(eq=False)
@@ -52,7 +57,10 @@ class _Request:
     rows: list[npt.NDArray[np.int32]] = field(default_factory=list)
     input_logprobs: tuple[tuple[float | None, int], ...] = ()
     due: float = 0.0
+    started: float = 0.0  # monotonic time of the prefill (the running timeout's origin)
     abort_message: str | None = None
+    abort_status: int | None = None
+    version_events: list[tuple[str, int]] = field(default_factory=list)
 
 
 def _input_logprobs(
@@ -67,9 +75,12 @@ def _input_logprobs(
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, decode: Decode) -> None:
+    def __init__(
+        self, runner: ModelRunner, decode: Decode, *, running_timeout_s: float | None = None
+    ) -> None:
         self._runner = runner
         self._decode = decode
+        self._running_timeout_s = running_timeout_s
         self.supports_routing = runner.supports_routing
         self.max_positions = runner.max_positions
         self.vocab_size = runner.vocab_size
@@ -97,11 +108,16 @@ class Scheduler:
             self._incoming.append(request)
             self._cond.notify()
 
-    def abort(self, rid: str, message: str) -> None:
+    def abort(self, rid: str, message: str, status_code: int | None = None) -> None:
         with self._cond:
-            request = self._live.get(rid)
-            if request is not None and request.abort_message is None:
-                request.abort_message = message
+            # SGLang's tokenizer ignores a rid it does not hold; its scheduler then ends
+            # every request whose rid starts with it.
+            if not rid or rid not in self._live:
+                return
+            for live_rid, request in self._live.items():
+                if live_rid.startswith(rid) and request.abort_message is None:
+                    request.abort_message = message
+                    request.abort_status = status_code
             self._cond.notify()
 
     def abort_all(self, message: str) -> None:
@@ -115,14 +131,28 @@ class Scheduler:
             self._frozen = frozen
             self._cond.notify()
 
+    def note_weight_version(self, old_version: str) -> None:
+        def note() -> None:
+            with self._cond:
+                live = list(self._live.values())
+            for request in live:
+                if request.output:
+                    request.version_events.append((old_version, len(request.output)))
+
+        self._call(note)
+
     def running_count(self) -> int:
         with self._cond:
             return len(self._live)
 
     def reload(self, model_path: Path) -> None:
+        self._call(lambda: self._runner.reload(model_path))
+
+    def _call(self, call: Callable[[], None]) -> None:
+        """Run ``call`` on the scheduler thread between steps; wait for it."""
         done: Future[None] = Future()
         with self._cond:
-            self._calls.append((lambda: self._runner.reload(model_path), done))
+            self._calls.append((call, done))
             self._cond.notify()
         done.result()
 
@@ -139,12 +169,18 @@ class Scheduler:
             return True
         if any(r.abort_message is not None for r in running):
             return True
+        if any(self._timed_out(r, now) for r in running):
+            return True
         return not self._frozen and any(r.due <= now for r in running)
 
     def _wait_s(self, running: list[_Request], now: float) -> float:
         if self._frozen or not running:
             return _IDLE_WAIT_S
         return max(0.0, min(min(r.due for r in running) - now, _IDLE_WAIT_S))
+
+    def _timed_out(self, request: _Request, now: float) -> bool:
+        limit = self._running_timeout_s
+        return limit is not None and request.prefilled and now - request.started > limit
 
     def _loop(self) -> None:
         running: list[_Request] = []
@@ -165,8 +201,18 @@ class Scheduler:
                 except Exception as exc:  # handed to the waiting caller, who re-raises it
                     done.set_exception(exc)
             for request in list(running):
+                if request.abort_message is None and self._timed_out(request, time.monotonic()):
+                    request.abort_message = "Request running timeout reached."
+                    request.abort_status = _SERVICE_UNAVAILABLE
                 if request.abort_message is not None:
-                    self._finish(request, FinishReason("abort", message=request.abort_message))
+                    self._finish(
+                        request,
+                        FinishReason(
+                            "abort",
+                            message=request.abort_message,
+                            status_code=request.abort_status,
+                        ),
+                    )
                 elif not frozen and request.due <= time.monotonic():
                     self._guarded_step(request)
                 if request.job.rid not in self._live:
@@ -191,6 +237,7 @@ class Scheduler:
                 list(job.prompt_ids), all_logits=job.logprob_start_len >= 0
             )
             request.prefilled = True
+            request.started = time.monotonic()
             if job.logprob_start_len >= 0:
                 request.input_logprobs = _input_logprobs(
                     result.logits, job.prompt_ids, job.logprob_start_len
@@ -240,10 +287,6 @@ class Scheduler:
     def _finish_reason(self, request: _Request) -> FinishReason | None:
         params = request.job.params
         output = request.output
-        if len(output) >= params.max_new_tokens:
-            return FinishReason("length", length=len(output))
-        if output[-1] in self._stop_ids(request):
-            return FinishReason("stop", matched=output[-1])
         if params.stop or params.stop_regex:
             longest = max((len(s) for s in params.stop), default=16)
             tail = self._decode(output[-(4 * longest + 8) :])
@@ -251,9 +294,12 @@ class Scheduler:
                 if stop and stop in tail:
                     return FinishReason("stop", matched=stop)
             for pattern in params.stop_regex:
-                found = re.search(pattern, tail)
-                if found is not None:
-                    return FinishReason("stop", matched=found.group(0))
+                if re.search(pattern, tail) is not None:
+                    return FinishReason("stop", matched=pattern)
+        if output[-1] in self._stop_ids(request):
+            return FinishReason("stop", matched=output[-1])
+        if len(output) >= params.max_new_tokens:
+            return FinishReason("length", length=params.max_new_tokens)
         forced = request.job.forced_ids
         if forced is not None and len(output) >= len(forced):
             return FinishReason("stop", matched=output[-1])
@@ -270,4 +316,6 @@ class Scheduler:
             routed = np.ascontiguousarray(rows[job.routed_experts_start_len : end])
         elif self.supports_routing:
             routed = self._rows_or_empty(None)
-        request.emit(FinishEvent(reason, routed, request.input_logprobs))
+        request.emit(
+            FinishEvent(reason, routed, request.input_logprobs, tuple(request.version_events))
+        )

@@ -65,11 +65,14 @@ class ZeroComputeBackend:
             )
         emit(FinishEvent(reason, routed, inputs))
 
-    def abort(self, rid: str, message: str) -> None:
+    def abort(self, rid: str, message: str, status_code: int | None = None) -> None:
         """Nothing is ever in flight."""
 
     def abort_all(self, message: str) -> None:
         """Nothing is ever in flight."""
+
+    def note_weight_version(self, old_version: str) -> None:
+        """Nothing is ever in flight, so no request straddles a version change."""
 
     def set_frozen(self, frozen: bool) -> None:
         """Nothing runs between calls, so there is nothing to freeze."""

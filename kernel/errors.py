@@ -17,6 +17,7 @@ The core raises these; nothing returns errors as values. Each wire adapter maps 
     ├── Overloaded                 429  new turns held back (run paused); retry after a delay
     ├── BackendError               502  the SGLang backend answered with an error
     │   └── BackendUnavailable     503  the backend cannot be reached
+    ├── BackendMisconfigured       500  a backend worker cannot serve what the proxy needs
     ├── RecorderError              500  the database refused a control-plane write
     ├── ServerDidNotStart          500  a child server exited or never answered (kernel.process)
     ├── ConfigurationError         500  settings or surroundings a process cannot start with
@@ -24,6 +25,8 @@ The core raises these; nothing returns errors as values. Each wire adapter maps 
 
 ``BackendError.retryable`` tells adapters whether the harness may retry (it becomes the
 in-band error's ``type``); the turn that hit it is recorded as failed either way.
+``ContextLengthExceeded`` carries the prompt length and the limit when they are known, so
+an adapter can say it in its protocol's own words (Anthropic's "prompt is too long").
 """
 
 from __future__ import annotations
@@ -54,6 +57,18 @@ class Unsupported(InvalidRequest):
 
 class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        prompt_tokens: int | None = None,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(message, param=param)
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
 
 
 class AuthenticationFailed(LegoError):
@@ -113,6 +128,13 @@ class BackendError(LegoError):
 class BackendUnavailable(BackendError):
     status = 503
     code = "backend_unavailable"
+
+
+class BackendMisconfigured(LegoError):
+    """A worker's configuration (``/server_info``) rules out what the proxy must record,
+    e.g. an MoE model served without routed-expert capture."""
+
+    code = "backend_misconfigured"
 
 
 class RecorderError(LegoError):

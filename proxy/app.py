@@ -1,9 +1,12 @@
 """``create_app(settings)``: the one place the proxy's lifecycles live.
 
-Start-up, in order: the embedded engine (only when no backend URL is set), the tokenizer
-whose chat template renders prompts (checked, and its tool-call format decided, by
-``proxy.served_template``), the pooled HTTP client, the database (brought to the
-current schema under a lock), the turn writer, then the routes. Shutdown reverses it and
+Start-up, in order: the embedded engine (only when no backend URL is set), the pooled HTTP
+client, the backend's topology and every worker's ``/server_info`` (the proxy refuses to
+start, with one line naming the worker and the flag, when it would record without routed
+experts it expects; limits are tightened to what the workers accept), the tokenizer whose
+chat template renders prompts (checked, and its tool-call format decided, by
+``proxy.served_template``), the database (brought to the current schema under a lock),
+the turn writer, then the routes. Shutdown reverses it and
 flushes every pending turn. Nothing happens at import time and nothing is global: two apps
 in one process share nothing.
 """
@@ -26,7 +29,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from kernel.errors import LegoError, MethodNotAllowed, NotFound
+from kernel.errors import BackendMisconfigured, LegoError, MethodNotAllowed, NotFound
 from kernel.paths import default_model_dir
 from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
@@ -125,6 +128,7 @@ def create_app(settings: Settings) -> FastAPI:
                     model_dir=settings.tokenizer_path,
                     data_dir=settings.data_dir,
                     extra_args=settings.engine_args,
+                    routed_experts=settings.return_routed_experts,
                 )
                 await engine.start()
                 backend_urls = (engine.url,)
@@ -139,7 +143,14 @@ def create_app(settings: Settings) -> FastAPI:
                 backend_urls,
                 expert_shape(model_dir),
                 health_interval_s=settings.backend_health_interval_s,
+                context_length=settings.context_length,
+                require_experts=settings.return_routed_experts,
             )
+            try:
+                await backend.connect()
+            except BackendMisconfigured as exc:
+                _log.error("lego-proxy cannot start: %s", exc.message)
+                raise
             template = served_template(model_dir, settings.tool_parser)
             tokenizer = template.tokenizer
             _log.info("tool-call format %s (%s)", template.tool_parser, template.tool_parser_source)

@@ -2,10 +2,14 @@
 
 Owns: building the ``/generate`` body, reading its SSE stream in either of SGLang's
 streaming modes, decoding routed experts, aborting by ``rid``, mapping transport and
-backend failures onto ``kernel.errors``, and choosing a worker when there are several.
+backend failures onto ``kernel.errors``, choosing a worker when there are several, and
+reading every worker's ``/server_info`` into the limits the pipeline keeps to.
 
-Workers: ``SGLangBackend`` takes one URL (a worker or an sglang-router, which does its own
-routing on the ``X-SMG-Routing-Key`` header) or a list of workers. With a list, a session
+Workers: ``SGLangBackend`` takes one URL (a worker or an smg router, which does its own
+routing on the ``X-SMG-Routing-Key`` header) or a list of workers. ``connect`` tells a router
+from a worker by its ``GET /workers`` (smg answers ``{"workers": [...]}``; SGLang has no such
+route) and, behind a router, sends the calls smg does not route (``/abort_request``,
+``/server_info``) to the workers it lists. With a list, a session
 goes to the worker ranked first for its routing key by rendezvous hashing among the
 workers believed up, so every replica of the proxy picks the same worker for a session
 without talking to the others, and a worker going down moves only its own sessions. A
@@ -13,15 +17,26 @@ worker is marked down when a connection to it fails or a stream from it breaks, 
 background probe of ``/health`` (``start``/``close``) marks it up again. A turn whose
 connection failed before anything was sent moves to the next worker; a turn whose stream
 broke is not re-sent (it was already sampling) and ends in a retryable ``BackendError``.
+The same background probe re-reads a router's worker list and reads the ``/server_info``
+of every worker it has not read yet (one that joined, or was down at start-up): the limits
+tighten to the new worker's, and a worker that cannot serve what the proxy records
+(``proxy.server_info.assess``) is logged and, in list mode, never routed to.
+
+Failures as SGLang 0.5.23 reports them: an abort whose ``status_code`` is null (a pause,
+a weight update, ``/abort_request``) ends the generation normally and the pipeline may
+resume it; an abort with a status, an HTTP error and an in-band ``{"error": {"code"}}``
+chunk are raised: 400 as ``ContextLengthExceeded`` when the message is about the context
+or input length, else ``InvalidRequest`` (a deterministic refusal: resending cannot help),
+5xx and 429 as a retryable ``BackendError``.
 
 Contract: ``SGLangBackend.generate`` yields ``GenerationDelta``s (only the newly sampled ids
 and their logprobs, whatever the server's streaming mode) and ends with exactly one
-``GenerationEnd``. Streamed chunks are cumulative by default and deltas when the server
-runs with ``--incremental-streaming-output``; SGLang's ``meta_info.completion_tokens`` is
-always the cumulative count, so a chunk whose id list is as long as that count is
-cumulative and anything shorter is a delta. The ids and logprobs are taken from
-``meta_info.output_token_logprobs`` (``[logprob, id, null]`` triples) and cross-checked
-against ``output_ids``.
+``GenerationEnd``, which carries SGLang's ``meta_info.weight_versions`` spans (positions
+over this call's output) when the server sent them. Streamed chunks are cumulative by
+default and deltas when the server runs with ``--incremental-streaming-output``; SGLang's
+``meta_info.completion_tokens`` is always the cumulative count, so a chunk whose id list is
+as long as that count is cumulative and anything shorter is a delta
+(``proxy.backend_wire``).
 """
 
 from __future__ import annotations
@@ -38,7 +53,16 @@ import httpx
 import numpy as np
 import orjson
 
-from kernel.errors import BackendError, BackendUnavailable, ContextLengthExceeded
+from kernel.errors import BackendError, BackendMisconfigured, BackendUnavailable
+from proxy.backend_wire import (
+    GenerationDelta,
+    http_error,
+    inband_error,
+    read_delta,
+    refusal,
+    spans,
+)
+from proxy.server_info import BackendLimits, ServerInfo, assess, parse_server_info
 from proxy.tokens import TokenIds
 from recorder.records import RoutedExperts
 
@@ -65,18 +89,13 @@ class GenerateCall:
 
 
 @dataclass(frozen=True, slots=True)
-class GenerationDelta:
-    ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class Finish:
     """SGLang's ``finish_reason`` object."""
 
     type: str  # stop | length | abort
     matched: int | str | None = None
     message: str | None = None
+    status_code: int | None = None  # an abort's: null means resumable (pause, user abort)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -85,16 +104,19 @@ class GenerationEnd:
     weight_version: str
     prompt_tokens: int
     routed_experts: RoutedExperts | None
+    # SGLang's (version, start, end) over this call's output; () when it sent none.
+    weight_version_spans: tuple[tuple[str, int, int], ...] = ()
 
 
 class _Worker:
     """One SGLang endpoint and what this process currently believes about it."""
 
-    __slots__ = ("up", "url")
+    __slots__ = ("incompatible", "up", "url")
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
         self.up = True
+        self.incompatible: str | None = None  # why it must not serve turns, if it must not
 
 
 def rendezvous_order(routing_key: str, urls: Sequence[str]) -> list[str]:
@@ -111,7 +133,7 @@ def rendezvous_order(routing_key: str, urls: Sequence[str]) -> list[str]:
 
 
 class SGLangBackend:
-    """SGLang endpoints (one worker, one sglang-router, or several workers) over a pooled
+    """SGLang endpoints (one worker, one smg router, or several workers) over a pooled
     HTTP client owned by the caller."""
 
     def __init__(
@@ -122,6 +144,8 @@ class SGLangBackend:
         *,
         health_interval_s: float = 5.0,
         probe_timeout_s: float = 1.0,
+        context_length: int = 2**31 - 1,
+        require_experts: bool = False,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
@@ -133,22 +157,57 @@ class SGLangBackend:
         self._probe_timeout_s = probe_timeout_s
         self._inflight: dict[str, _Worker] = {}  # rid -> worker, so an abort finds it
         self._prober: asyncio.Task[None] | None = None
+        self._context_length = context_length
+        self._require_experts = require_experts and expert_shape is not None
+        self._router: str | None = None  # the smg router, when the one URL is one
+        self._behind_router: tuple[str, ...] = ()  # its workers, for the calls it drops
+        self._infos: dict[str, ServerInfo] = {}
+        self._unchecked: set[str] = set()  # answered, but without a /server_info
+        self.limits = BackendLimits.of(context_length)
 
     def is_up(self, url: str) -> bool:
         return self._workers[url.rstrip("/")].up
 
+    @property
+    def router(self) -> str | None:
+        return self._router
+
+    @property
+    def control_urls(self) -> tuple[str, ...]:
+        """The SGLang workers themselves: behind a router, those it lists."""
+        if self._router is not None:
+            return self._behind_router
+        return tuple(self._workers)
+
     def route(self, routing_key: str) -> list[str]:
         """Workers to try for ``routing_key``, best first: those believed up in rendezvous
-        order, then the ones believed down (a stale belief must not refuse every turn)."""
-        ranked = rendezvous_order(routing_key, list(self._workers))
+        order, then the ones believed down (a stale belief must not refuse every turn).
+        A worker found incompatible is never tried."""
+        usable = [u for u, w in self._workers.items() if w.incompatible is None]
+        ranked = rendezvous_order(routing_key, usable or list(self._workers))
         return [u for u in ranked if self._workers[u].up] + [
             u for u in ranked if not self._workers[u].up
         ]
 
     # -- lifecycle ---------------------------------------------------------------
+    async def connect(self) -> tuple[str, ...]:
+        """Find out what sits behind the URL(s) and read every worker's ``/server_info``.
+
+        Returns the warnings (also logged); raises ``BackendMisconfigured`` when a worker
+        answered and cannot serve what the proxy records. A worker that does not answer
+        yet is read by the background probe when it does."""
+        await self._discover()
+        infos = await self._read_missing_infos()
+        assessment = assess(self._context_length, infos, want_experts=self._require_experts)
+        self.limits = assessment.limits
+        for warning in assessment.warnings:
+            _log.warning("%s", warning)
+        return assessment.warnings
+
     def start(self) -> None:
-        """Probe workers in the background; pointless (and skipped) with a single URL."""
-        if len(self._workers) > 1 and self._prober is None:
+        """Probe in the background: worker health, a router's worker list, and the
+        ``/server_info`` of workers not read yet."""
+        if self._prober is None:
             self._prober = asyncio.create_task(self._probe_forever(), name="backend-prober")
 
     async def close(self) -> None:
@@ -162,6 +221,8 @@ class SGLangBackend:
         while True:
             await asyncio.sleep(self._health_interval_s)
             await self.probe()
+            await self._discover()
+            await self._admit_new_workers()
 
     async def probe(self) -> dict[str, bool]:
         """Ask every worker's ``/health`` at once (each within the probe timeout), record
@@ -183,6 +244,75 @@ class SGLangBackend:
         if worker.up != up:
             _log.warning("backend worker %s is %s", worker.url, "up" if up else "down")
         worker.up = up
+
+    # -- topology and server info -----------------------------------------------
+    async def _discover(self) -> None:
+        """With one URL, learn whether it is an smg router and, if so, its workers."""
+        if len(self._workers) != 1:
+            return
+        (url,) = self._workers
+        try:
+            response = await self._client.get(f"{url}/workers", timeout=self._probe_timeout_s)
+            listed = response.json().get("workers") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return  # unreachable, or not a router: re-checked by the next probe
+        if not isinstance(listed, list):
+            return
+        urls = tuple(
+            str(w["url"]).rstrip("/") for w in listed if isinstance(w, dict) and w.get("url")
+        )
+        if self._router is None:
+            _log.info("backend %s is an smg router in front of %s", url, ", ".join(urls))
+        self._router = url
+        self._behind_router = urls
+
+    async def _read_missing_infos(self) -> list[ServerInfo]:
+        missing = [
+            u for u in self.control_urls if u not in self._infos and u not in self._unchecked
+        ]
+        read = await asyncio.gather(*(self._server_info(u) for u in missing))
+        for info in read:
+            if info is not None:
+                self._infos[info.url] = info
+                _log.info("backend worker %s", info.describe())
+        return [info for info in read if info is not None]
+
+    async def _server_info(self, url: str) -> ServerInfo | None:
+        """SGLang's ``/server_info`` (``/get_server_info`` before 0.5); None if unreadable."""
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                response = await self._client.get(f"{url}{path}", timeout=self._probe_timeout_s)
+            except httpx.HTTPError:
+                return None
+            if response.status_code == 404:
+                continue
+            if response.status_code != 200:
+                return None
+            try:
+                return parse_server_info(url, response.json())
+            except (ValueError, BackendError) as exc:
+                _log.warning("cannot read %s%s: %s", url, path, exc)
+                return None
+        _log.warning("%s has no /server_info: its limits and features are unchecked", url)
+        self._unchecked.add(url)
+        return None
+
+    async def _admit_new_workers(self) -> None:
+        """Check workers read for the first time; tighten the limits to theirs."""
+        for info in await self._read_missing_infos():
+            try:
+                assessment = assess(
+                    self._context_length, [info], want_experts=self._require_experts
+                )
+            except BackendMisconfigured as exc:
+                _log.error("%s", exc.message)
+                worker = self._workers.get(info.url)
+                if worker is not None:
+                    worker.incompatible = exc.message
+                continue
+            for warning in assessment.warnings:
+                _log.warning("%s", warning)
+            self.limits = self.limits.tighter(assessment.limits)
 
     # -- generation --------------------------------------------------------------
     async def generate(self, call: GenerateCall) -> AsyncIterator[GenerationDelta | GenerationEnd]:
@@ -237,7 +367,7 @@ class SGLangBackend:
         try:
             if response.status_code != 200:
                 await response.aread()
-                raise _http_error(response)
+                raise http_error(response)
             seen = 0
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
@@ -247,24 +377,30 @@ class SGLangBackend:
                     break
                 chunk = orjson.loads(payload)
                 if "error" in chunk:
-                    raise _inband_error(chunk["error"])
-                delta, seen = _delta(chunk, seen)
+                    raise inband_error(chunk["error"])
+                delta, seen = read_delta(chunk, seen)
                 if delta.ids:
                     yield delta
                 meta = chunk.get("meta_info", {})
                 finish = meta.get("finish_reason")
                 if finish is not None:
+                    end = Finish(
+                        type=str(finish.get("type")),
+                        matched=finish.get("matched"),
+                        message=finish.get("message"),
+                        status_code=finish.get("status_code"),
+                    )
+                    if end.type == "abort" and end.status_code is not None:
+                        # SGLang's refusals and timeouts: an error, not a pause to resume.
+                        raise refusal(str(end.message), int(end.status_code))
                     yield GenerationEnd(
-                        finish=Finish(
-                            type=str(finish.get("type")),
-                            matched=finish.get("matched"),
-                            message=finish.get("message"),
-                        ),
+                        finish=end,
                         weight_version=str(meta.get("weight_version", "default")),
                         prompt_tokens=int(meta.get("prompt_tokens", len(call.input_ids))),
                         routed_experts=self._decode_experts(
                             meta.get("routed_experts"), call.routed_experts_start_len or 0
                         ),
+                        weight_version_spans=spans(meta.get("weight_versions"), seen),
                     )
                     return
             raise BackendError("backend stream ended without a finish reason")
@@ -278,16 +414,21 @@ class SGLangBackend:
             await response.aclose()
 
     async def abort(self, rid: str) -> None:
-        """Best effort: the request may already be finished, which is fine. A ``rid`` no
-        longer in flight here is aborted on every worker (an unknown rid is a no-op)."""
+        """Best effort: the request may already be finished, which is fine. ``rid`` must be
+        the exact rid in flight (SGLang ignores a rid it does not hold, even a prefix of a
+        live one). It goes to the worker serving it; behind a router (which has no abort
+        route) or when it is no longer in flight here, to every worker."""
         worker = self._inflight.get(rid)
-        targets = [worker] if worker is not None else list(self._workers.values())
-        await asyncio.gather(*(self._abort_on(w, rid) for w in targets))
+        if worker is not None and self._router is None:
+            targets = [worker.url]
+        else:
+            targets = list(self.control_urls)
+        await asyncio.gather(*(self._abort_on(url, rid) for url in targets))
 
-    async def _abort_on(self, worker: _Worker, rid: str) -> None:
+    async def _abort_on(self, url: str, rid: str) -> None:
         # A dead backend has nothing left to abort; the caller records the turn anyway.
         with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(f"{worker.url}/abort_request", json={"rid": rid}, timeout=5.0)
+            await self._client.post(f"{url}/abort_request", json={"rid": rid}, timeout=5.0)
 
     def _decode_experts(self, encoded: object, start: int) -> RoutedExperts | None:
         if self._experts is None or not isinstance(encoded, str):
@@ -302,58 +443,3 @@ class SGLangBackend:
             )
         rows = flat.reshape(-1, self._experts.num_layers, self._experts.top_k).astype(np.int32)
         return RoutedExperts(start=start, rows=rows)
-
-
-def _delta(chunk: dict[str, object], seen: int) -> tuple[GenerationDelta, int]:
-    meta = chunk.get("meta_info")
-    if not isinstance(meta, dict):
-        raise BackendError("backend chunk without meta_info", retryable=False)
-    triples = meta.get("output_token_logprobs") or []
-    output_ids = chunk.get("output_ids") or []
-    if not isinstance(triples, list) or not isinstance(output_ids, list):
-        raise BackendError("backend chunk with malformed output", retryable=False)
-    total = int(meta.get("completion_tokens", len(output_ids)))
-    cumulative = len(output_ids) == total
-    new_ids = output_ids[seen:] if cumulative else output_ids
-    new_triples = triples[seen:] if len(triples) == total else triples
-    if len(new_triples) != len(new_ids):
-        raise BackendError(
-            f"backend returned {len(new_ids)} ids but {len(new_triples)} logprobs",
-            retryable=False,
-        )
-    ids = tuple(int(i) for i in new_ids)
-    if any(int(t[1]) != i for t, i in zip(new_triples, ids, strict=True)):
-        raise BackendError("backend logprob ids disagree with output_ids", retryable=False)
-    logprobs = tuple(float(t[0]) for t in new_triples)
-    return GenerationDelta(ids, logprobs), seen + len(ids)
-
-
-def _error_message(payload: object) -> str:
-    if isinstance(payload, dict):
-        inner = payload.get("error", payload)
-        if isinstance(inner, dict):
-            return str(inner.get("message", inner))
-        return str(inner)
-    return str(payload)
-
-
-def _http_error(response: httpx.Response) -> BackendError | ContextLengthExceeded:
-    try:
-        message = _error_message(orjson.loads(response.content))
-    except orjson.JSONDecodeError:
-        message = response.text[:500]
-    if response.status_code == 400 and "length" in message.lower():
-        return ContextLengthExceeded(f"the backend rejected the prompt: {message}")
-    retryable = response.status_code >= 500 or response.status_code == 429
-    return BackendError(
-        f"backend answered HTTP {response.status_code}: {message}",
-        retryable=retryable,
-        backend_status=response.status_code,
-    )
-
-
-def _inband_error(error: object) -> BackendError:
-    retryable = True
-    if isinstance(error, dict) and error.get("retryable") is False:
-        retryable = False
-    return BackendError(f"backend failed mid-stream: {_error_message(error)}", retryable=retryable)

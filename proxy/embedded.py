@@ -24,8 +24,17 @@ from kernel.threaded import free_port
 
 
 class EmbeddedEngine:
-    def __init__(self, *, model_dir: Path | None, data_dir: Path, extra_args: str = "") -> None:
-        """``model_dir`` None: the engine builds (once) and serves the tiny default model."""
+    def __init__(
+        self,
+        *,
+        model_dir: Path | None,
+        data_dir: Path,
+        extra_args: str = "",
+        routed_experts: bool = True,
+    ) -> None:
+        """``model_dir`` None: the engine builds (once) and serves the tiny default model.
+        ``routed_experts``: launch it with ``--enable-return-routed-experts``, as SGLang
+        must be for routing replay."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         model = ["--model", str(model_dir)] if model_dir is not None else []
@@ -33,6 +42,7 @@ class EmbeddedEngine:
             sys.executable, "-m", "engine",
             "--host", "127.0.0.1", "--port", str(self.port),
             *model, "--data-dir", str(data_dir), "--log-level", "warning",
+            *(["--enable-return-routed-experts"] if routed_experts else []),
             *shlex.split(extra_args),
         ]  # fmt: skip
         self._process: asyncio.subprocess.Process | None = None

@@ -32,7 +32,8 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from kernel.errors import BackendError, ContextLengthExceeded, LegoError
-from proxy.backend import Finish, GenerateCall, GenerationDelta, GenerationEnd, SGLangBackend
+from proxy.backend import Finish, GenerateCall, GenerationEnd, SGLangBackend
+from proxy.backend_wire import GenerationDelta
 from proxy.canonical import (
     ChatRequest,
     FinishReason,
@@ -116,6 +117,7 @@ class _Progress:
     end: GenerationEnd | None = None
     message: _Message = field(default_factory=_Message)
     resumptions: int = 0
+    rid: str = ""  # of the backend call in flight (each resumption has its own)
     first_token_s: float | None = None
     backend_s: float = 0.0
     spans: list[tuple[str, int, int]] = field(default_factory=list)  # per backend call
@@ -167,7 +169,9 @@ class Pipeline:
             plan = await self._replan_if_stale(session, request, plan)
         prompt = plan.prompt_ids
         spec = session.spec
-        prompt_budget = self._settings.context_length - 1
+        # The tightest of LEGO_CONTEXT_LENGTH and what every backend worker accepts.
+        limits = self._backend.limits
+        prompt_budget = limits.max_prompt_tokens
         if spec.max_prompt_tokens is not None:
             prompt_budget = min(prompt_budget, spec.max_prompt_tokens)
         if len(prompt) > prompt_budget:
@@ -175,8 +179,12 @@ class Pipeline:
                 f"the prompt is {len(prompt)} tokens, over this session's budget of "
                 f"{prompt_budget} tokens",
                 param="messages",
+                prompt_tokens=len(prompt),
+                limit=prompt_budget,
             )
-        sampling = _sampling_params(request, session, self._settings, len(prompt))
+        sampling = _sampling_params(
+            request, session, self._settings.default_max_tokens, limits.output_budget(len(prompt))
+        )
         tail = str(self._tokenizer.decode(list(prompt[-4:]), skip_special_tokens=False))
         return PreparedTurn(
             turn_id=uuid.uuid4().hex,
@@ -290,7 +298,8 @@ class Pipeline:
             if not recorded:
                 status = TurnStatus.CANCELLED
                 self._metrics.backend_aborts.labels(cause="client_disconnect").inc()
-                self._spawn(self._backend.abort(turn.turn_id))
+                # SGLang ignores a rid it does not hold: abort the call in flight.
+                self._spawn(self._backend.abort(progress.rid or turn.turn_id))
             raise
         except LegoError as exc:
             error = exc.message
@@ -313,12 +322,15 @@ class Pipeline:
         while True:
             sampling = dict(turn.sampling_params)
             sampling["max_new_tokens"] = max_new - len(progress.output_ids)
+            progress.rid = (
+                turn.turn_id
+                if progress.resumptions == 0
+                else f"{turn.turn_id}-r{progress.resumptions}"
+            )
             call = GenerateCall(
                 input_ids=turn.prompt_ids + tuple(progress.output_ids),
                 sampling_params=sampling,
-                rid=turn.turn_id
-                if progress.resumptions == 0
-                else f"{turn.turn_id}-r{progress.resumptions}",
+                rid=progress.rid,
                 routing_key=turn.session.id,
                 routed_experts_start_len=_experts_start(turn.plan)
                 if self._settings.return_routed_experts
@@ -338,7 +350,12 @@ class Pipeline:
                 progress.backend_s += time.perf_counter() - began
             end = progress.end
             assert end is not None
-            progress.spans.append((end.weight_version, first, len(progress.output_ids)))
+            # SGLang's spans when a weight update landed inside this call (a retract or
+            # in-place pause); one span per call otherwise.
+            spans = end.weight_version_spans or (
+                (end.weight_version, 0, len(progress.output_ids) - first),
+            )
+            progress.spans.extend((v, first + a, first + b) for v, a, b in spans)
             remaining = max_new - len(progress.output_ids)
             if end.finish.type != "abort" or remaining <= 0:
                 return
@@ -395,10 +412,7 @@ class Pipeline:
             fork_reason=turn.plan.fork_reason.value if turn.plan.fork_reason else None,
             reused_prefix_len=turn.plan.reused_prefix_len,
             side_requests=turn.plan.side_requests,
-            # Only a turn that straddled a weight update needs spans.
-            weight_version_spans=tuple(progress.spans)
-            if len({span[0] for span in progress.spans}) > 1
-            else (),
+            weight_version_spans=_straddled(progress.spans),
             timings=TurnTimings(
                 received_at=turn.received_at,
                 first_token_s=progress.first_token_s,
@@ -478,8 +492,21 @@ def _finish_reason(finish: Finish, has_tool_calls: bool) -> FinishReason:
     return FinishReason.STOP
 
 
+def _straddled(spans: list[tuple[str, int, int]]) -> tuple[tuple[str, int, int], ...]:
+    """The turn's weight-version spans, or () when one version sampled all of it (the
+    record's ``weight_version`` says which). Empty spans are dropped and adjacent spans
+    of one version merged (a resumption under the same weights)."""
+    out: list[tuple[str, int, int]] = []
+    for version, start, end in spans:
+        if out and out[-1][0] == version and out[-1][2] == start:
+            out[-1] = (version, out[-1][1], end)
+        elif end > start:
+            out.append((version, start, end))
+    return tuple(out) if len({version for version, _, _ in out}) > 1 else ()
+
+
 def _sampling_params(
-    request: ChatRequest, session: SessionInfo, settings: Settings, prompt_len: int
+    request: ChatRequest, session: SessionInfo, default_max_tokens: int, output_budget: int
 ) -> dict[str, object]:
     """SGLang's own keys only (unknown keys are a 400 there); session pins win."""
     asked = request.sampling
@@ -505,10 +532,10 @@ def _sampling_params(
             params[key] = value
     if asked.stop:
         params["stop"] = list(asked.stop)
-    budget = settings.context_length - prompt_len
+    budget = output_budget
     if session.spec.max_output_tokens is not None:
         budget = min(budget, session.spec.max_output_tokens)
-    requested = params.get("max_new_tokens", settings.default_max_tokens)
+    requested = params.get("max_new_tokens", default_max_tokens)
     assert isinstance(requested, int)
     params["max_new_tokens"] = max(1, min(requested, budget))
     return params

@@ -1,4 +1,5 @@
-"""HTTP clients of the trainer: the proxy's export/control API and the backend's weight API.
+"""HTTP clients of the trainer: the proxy's export/control API, and the error mapping the
+backend's weight sync (``trainer_bridge.weights``) shares.
 
 Owns the trainer's HTTP, nothing else:
 
@@ -7,8 +8,8 @@ Owns the trainer's HTTP, nothing else:
   ``recorder.export_wire.decode_claim`` into its frozen ``ClaimedBatch``; ``ack`` a batch,
   ``pause``/``resume`` the run around a weight sync, ``announce_weight_version``, and
   ``post_alignment`` metrics.
-- ``BackendClient``: SGLang's ``POST /update_weights_from_disk`` (the local engine and a
-  real SGLang server alike).
+- ``JsonClient``: the pooled client both build on (``trainer_bridge.weights`` too);
+  ``raise_for(response)``: an HTTP error status as the exception tree (below).
 
 Errors are raised from ``kernel.errors``: an HTTP error status becomes the ``LegoError``
 subclass carrying that status (401, 403, 404, 409, 413, 400; anything else ``BackendError``
@@ -47,7 +48,7 @@ _BY_STATUS: dict[int, type[LegoError]] = {
 }
 
 
-def _raise_for(response: httpx.Response) -> None:
+def raise_for(response: httpx.Response) -> None:
     if response.is_success:
         return
     # OpenAI-style {"error": {"message"}}, SGLang's {"error": "..."} or {"message": "..."}.
@@ -68,7 +69,9 @@ def _raise_for(response: httpx.Response) -> None:
     raise BackendError(text, backend_status=response.status_code)
 
 
-class _Http:
+class JsonClient:
+    """One pooled ``httpx.Client``; ``post`` raises the exception tree, never returns errors."""
+
     def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float) -> None:
         self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
 
@@ -77,7 +80,7 @@ class _Http:
             response = self._http.post(path, json=body)
         except httpx.TransportError as exc:
             raise BackendUnavailable(f"POST {path}: {exc}") from exc
-        _raise_for(response)
+        raise_for(response)
         return response
 
     def close(self) -> None:
@@ -95,7 +98,7 @@ class _Http:
         self.close()
 
 
-class ExportClient(_Http):
+class ExportClient(JsonClient):
     """The proxy's export/control API for one run, under the admin key."""
 
     def __init__(
@@ -130,16 +133,3 @@ class ExportClient(_Http):
     ) -> None:
         body = {"step": step, "weight_version": weight_version, "metrics": metrics}
         self.post(f"/api/v1/runs/{self.run_id}/alignment", {**body, "flagged": flagged})
-
-
-class BackendClient(_Http):
-    """The SGLang backend's weight-update endpoint (no auth)."""
-
-    def __init__(self, backend_url: str, *, timeout_s: float = 600.0) -> None:
-        super().__init__(backend_url, {}, timeout_s)
-
-    def update_weights_from_disk(self, model_path: str, weight_version: str) -> None:
-        body = {"model_path": model_path, "weight_version": weight_version}
-        result = self.post("/update_weights_from_disk", body).json()
-        if not result.get("success", False):
-            raise BackendError(f"weight update refused: {result.get('message')}", retryable=False)

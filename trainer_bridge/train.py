@@ -12,8 +12,9 @@ One step, top to bottom:
    inputs, GSPO loss (+ KL loss), backward (gradients accumulate);
 4. clip gradients to ``grad_clip``, AdamW step (constant lr);
 5. measure alignment (rollout vs recomputed logprobs; recorded vs trainer routing);
-6. save the weights as a new version; pause the run, ``/update_weights_from_disk`` on the
-   backend, announce the version to the proxy, resume;
+6. save the weights as a new version; pause the run, sync the weights to every backend
+   worker (``trainer_bridge.weights``: pause, flush, update, continue; a worker that fails
+   is reported and taken out), announce the version to the proxy, resume;
 7. post the alignment metrics (flagged or not); ack the step's batches.
 
 The policy is on-policy within a step: the "old" logprobs of GSPO's ratio are the
@@ -40,7 +41,7 @@ from trainer_bridge.alignment import (
     flag_reasons,
     measure_alignment,
 )
-from trainer_bridge.client import BackendClient, ExportClient
+from trainer_bridge.client import ExportClient
 from trainer_bridge.config import TrainConfig, config_from_args
 from trainer_bridge.loss import gspo_loss
 from trainer_bridge.packing import MicroBatch, pack
@@ -54,6 +55,7 @@ from trainer_bridge.policy import (
 )
 from trainer_bridge.replay import RouterTrace
 from trainer_bridge.samples import Sample, samples_from_batch
+from trainer_bridge.weights import WeightSync
 
 log = logging.getLogger("trainer_bridge")
 
@@ -182,20 +184,20 @@ def _publish(
     config: TrainConfig,
     version: str,
     export: ExportClient,
-    backend: BackendClient,
+    weights: WeightSync,
 ) -> None:
     path = save_checkpoint(model, Path(config.model_path), Path(config.output_dir) / version)
     # New turns wait while the backend swaps weights, so no turn mixes two versions
     # without the proxy recording it.
     export.pause()
     try:
-        backend.update_weights_from_disk(str(path.resolve()), version)
+        weights.publish(str(path.resolve()), version)
         export.announce_weight_version(version)
     finally:
         export.resume()
 
 
-def run(config: TrainConfig, export: ExportClient, backend: BackendClient) -> list[StepReport]:
+def run(config: TrainConfig, export: ExportClient, weights: WeightSync) -> list[StepReport]:
     """Train for ``config.steps`` steps (fewer if data stops coming); one report per step."""
     torch.manual_seed(config.seed)
     model = load_policy(config.model_path, config.dtype, config.device)
@@ -219,7 +221,7 @@ def run(config: TrainConfig, export: ExportClient, backend: BackendClient) -> li
         batch_ids, samples = claimed
         outcome = optimize(model, optimizer, reference, samples, config)
         version = f"{config.version_prefix}{step}"
-        _publish(model, config, version, export, backend)
+        _publish(model, config, version, export, weights)
         reasons = flag_reasons(outcome.alignment, thresholds)
         flagged = bool(reasons)
         # The metrics describe the policy the trainer recomputed with: the one before this
@@ -271,9 +273,9 @@ def main(
     config = config_from_args(argv, prog=prog)
     with (
         ExportClient(config.proxy_url, config.admin_key, config.run_id) as export,
-        BackendClient(config.backend_url) as backend,
+        WeightSync(config.backend_url) as weights,
     ):
-        run(config, export, backend)
+        run(config, export, weights)
 
 
 if __name__ == "__main__":

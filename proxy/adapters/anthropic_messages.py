@@ -35,7 +35,13 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import Field, JsonValue, Tag, ValidationError
 
-from kernel.errors import BackendError, InvalidRequest, LegoError, Unsupported
+from kernel.errors import (
+    BackendError,
+    ContextLengthExceeded,
+    InvalidRequest,
+    LegoError,
+    Unsupported,
+)
 from proxy.adapters.base import StreamState
 from proxy.adapters.signing import ReasoningSigner
 from proxy.adapters.sse import sse_frame
@@ -443,7 +449,17 @@ def _error_envelope(error: LegoError) -> dict[str, object]:
         kind = "invalid_request_error" if error.status < 500 else "api_error"
     if isinstance(error, BackendError) and not error.retryable:
         kind = "api_error"
-    return {"type": "error", "error": {"type": kind, "message": error.message}}
+    return {"type": "error", "error": {"type": kind, "message": _message(error)}}
+
+
+def _message(error: LegoError) -> str:
+    """Anthropic's own words where a client reads them: Claude Code compacts its history
+    when a 400 says "prompt is too long"."""
+    if not isinstance(error, ContextLengthExceeded):
+        return error.message
+    if error.prompt_tokens is not None and error.limit is not None:
+        return f"prompt is too long: {error.prompt_tokens} tokens > {error.limit} maximum"
+    return f"prompt is too long: {error.message}"
 
 
 # -- the adapter -------------------------------------------------------------------------------

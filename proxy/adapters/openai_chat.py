@@ -48,6 +48,7 @@ from proxy.canonical import (
     TurnFinished,
     Usage,
 )
+from proxy.sampling_rules import TopK
 
 # -- wire models: request --------------------------------------------------------------------
 
@@ -139,7 +140,7 @@ class _Body(Wire):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = None  # SGLang/vLLM extension
+    top_k: TopK | None = None  # SGLang/vLLM extension, with SGLang's rule
     stop: _Stop | None = None
     seed: int | None = None
     n: int | None = Field(default=None, ge=1)

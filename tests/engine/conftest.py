@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from transformers import AutoTokenizer
 
-from engine.config import EngineConfig
 from engine.loopback import running_engine
+from tests.engine.helpers import engine_config
+
+
+@pytest.fixture(scope="session")
+def tok(tiny_model_dir: Path) -> Any:
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
 
 @pytest.fixture(scope="session")
 def engine_url(tiny_model_dir: Path) -> Iterator[str]:
-    with running_engine(EngineConfig(model_path=tiny_model_dir)) as url:
+    with running_engine(engine_config(tiny_model_dir)) as url:
         yield url

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import numpy.typing as npt
+
+from engine.config import EngineConfig
 
 
 def generate(url: str, body: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
@@ -43,3 +46,13 @@ def stream_chunks(url: str, body: dict[str, Any], timeout: float = 60) -> list[d
 def decode_routing(meta: dict[str, Any], layers: int = 4, top_k: int = 2) -> npt.NDArray[np.int32]:
     raw = base64.b64decode(meta["routed_experts"])
     return np.frombuffer(raw, dtype="<i4").reshape(-1, layers, top_k)
+
+
+def engine_config(model_path: Path, **overrides: Any) -> EngineConfig:
+    """An engine launched as the tests need it: routed experts on, seeds honoured (both
+    off by default, as in SGLang)."""
+    flags: dict[str, Any] = {
+        "enable_return_routed_experts": True,
+        "enable_deterministic_inference": True,
+    }
+    return EngineConfig(model_path=model_path, **{**flags, **overrides})

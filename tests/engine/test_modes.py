@@ -12,11 +12,10 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from engine.config import EngineConfig
 from engine.loopback import running_engine
 from engine.script import prompt_tail
 from engine.zero import FIXED_LOGPROB
-from tests.engine.helpers import decode_routing, generate, stream_chunks
+from tests.engine.helpers import decode_routing, engine_config, generate, stream_chunks
 
 PROMPT = [1716, 882, 198, 71, 72, 1717, 198, 1716, 329, 198]
 WEATHER_REPLY = (
@@ -42,12 +41,12 @@ def tok(tiny_model_dir: Path) -> Any:
 def scripted_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     script = tmp_path_factory.mktemp("script") / "script.json"
     script.write_text(json.dumps(SCRIPT))
-    with running_engine(EngineConfig(model_path=tiny_model_dir, script_path=script)) as url:
+    with running_engine(engine_config(tiny_model_dir, script_path=script)) as url:
         yield url
 
 
 def test_incremental_stream_concatenates_to_the_full_answer(tiny_model_dir: Path) -> None:
-    config = EngineConfig(model_path=tiny_model_dir, incremental_streaming_output=True)
+    config = engine_config(tiny_model_dir, incremental_streaming_output=True)
     body = {
         "input_ids": PROMPT,
         "sampling_params": {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True},
@@ -138,7 +137,7 @@ def test_client_disconnect_aborts_the_request(scripted_url: str, tok: Any) -> No
 def test_zero_compute(tiny_model_dir: Path, tok: Any) -> None:
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     reply = [*tok.encode("OK.", add_special_tokens=False), eos]
-    with running_engine(EngineConfig(model_path=tiny_model_dir, zero_compute=True)) as url:
+    with running_engine(engine_config(tiny_model_dir, zero_compute=True)) as url:
         out = generate(
             url, {"input_ids": PROMPT, "return_logprob": True, "return_routed_experts": True}
         )

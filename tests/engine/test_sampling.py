@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling import SamplingContractError, choose_token, parse_sampling_params
+from engine.sampling import (
+    SamplingContractError,
+    choose_token,
+    parse_sampling_params,
+    verify_sampling_params,
+)
 from kernel.errors import InvalidRequest, Unsupported
 
 
@@ -32,15 +37,36 @@ def test_stop_string_becomes_tuple() -> None:
     [
         ({"json_schema": "{}"}, Unsupported),
         ({"n": 2}, Unsupported),
-        ({"top_p": 0}, InvalidRequest),
-        ({"max_new_tokens": -1}, InvalidRequest),
         ({"temperature": "hot"}, InvalidRequest),
-        ({"stop_regex": "("}, InvalidRequest),
     ],
 )
 def test_refusals(raw: dict[str, object], error: type[Exception]) -> None:
     with pytest.raises(error):
         parse_sampling_params(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"top_p": 0}, "top_p must be in (0, 1], got 0.0."),
+        ({"max_new_tokens": -1}, "max_new_tokens must be at least 0, got -1."),
+        ({"top_k": 0}, "top_k must be -1 (disable) or at least 1, got 0."),
+        ({"top_k": -2}, "top_k must be -1 (disable) or at least 1, got -2."),
+        ({"repetition_penalty": 2.5}, "repetition_penalty must be in (0, 2]"),
+        ({"sampling_seed": 2**63}, "sampling_seed must be in [-2**63, 2**63 - 1]"),
+        ({"stop_regex": "("}, "stop_regex is not a valid regex"),
+    ],
+)
+def test_ranges_are_checked_with_sglangs_rules(raw: dict[str, object], message: str) -> None:
+    params = parse_sampling_params(raw)  # the schema gate lets values of the right type in
+    with pytest.raises(InvalidRequest) as info:
+        verify_sampling_params(params)
+    assert message in info.value.message
+
+
+def test_a_greedy_temperature_lets_top_k_zero_through() -> None:
+    # SGLang turns temperature < 1e-6 into top_k = 1 before it checks top_k.
+    verify_sampling_params(parse_sampling_params({"temperature": 0, "top_k": 0}))
 
 
 def test_greedy_and_banned() -> None:

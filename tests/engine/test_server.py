@@ -127,8 +127,12 @@ def test_input_logprobs(engine_url: str) -> None:
     ("body", "needle"),
     [
         ({"sampling_params": {"max_tokens": 3}}, "unknown field `max_tokens`"),
-        ({"routed_experts_start_len": len(PROMPT) + 1}, "routed_experts_start_len"),
+        (
+            {"return_routed_experts": True, "routed_experts_start_len": len(PROMPT) + 1},
+            "routed_experts_start_len",
+        ),
         ({"return_logprob": True, "logprob_start_len": 99}, "logprob_start_len"),
+        ({"sampling_params": {"top_k": 0}}, "top_k must be -1 (disable) or at least 1"),
     ],
 )
 def test_bad_requests_are_400(engine_url: str, body: dict[str, Any], needle: str) -> None:

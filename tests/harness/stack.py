@@ -63,7 +63,11 @@ def harness_stack(
     script_file.write_text(json.dumps(script))
     with ExitStack() as stack:
         engine_url = stack.enter_context(
-            running_engine(EngineConfig(model_path=model_dir, script_path=script_file))
+            running_engine(
+                EngineConfig(
+                    model_path=model_dir, script_path=script_file, enable_return_routed_experts=True
+                )
+            )
         )
         tap = BackendTap(upstream=engine_url)
         tap.url = stack.enter_context(serve(tap.app()))

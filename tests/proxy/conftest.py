@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,9 @@ def model_dir(tiny_model_dir: Path) -> Path:
 def scripted_engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     script = tmp_path_factory.mktemp("script") / "policy.json"
     script.write_text(json.dumps(SCRIPT))
-    with running_engine(EngineConfig(model_path=model_dir, script_path=script)) as url:
+    with running_engine(
+        EngineConfig(model_path=model_dir, script_path=script, enable_return_routed_experts=True)
+    ) as url:
         yield url
 
 
@@ -121,7 +124,35 @@ class Proxy:
         return dict(response.raise_for_status().json())
 
 
-async def running_proxy(
+@contextmanager
+def running_proxy(
+    backend_url: str, model_dir: Path, data_dir: Path, database_url: str | None, **overrides: Any
+) -> Iterator[Proxy]:
+    """A proxy on a free loopback port in front of ``backend_url``, with an admin client."""
+    port = free_port()
+    settings = Settings(
+        **{
+            "port": port,
+            "data_dir": data_dir,
+            "database_url": database_url,
+            "backend_url": backend_url,
+            "tokenizer_path": model_dir,
+            "admin_key": ADMIN_KEY,
+            "context_length": 8192,
+            "max_body_bytes": 1024 * 1024,
+            **overrides,
+        }
+    )
+    with (
+        serve(create_app(settings), port=port) as url,
+        httpx.Client(
+            base_url=url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=60
+        ) as admin,
+    ):
+        yield Proxy(url=url, settings=settings, admin=admin)
+
+
+async def proxy_on_database(
     request: pytest.FixtureRequest,
     backend_url: str,
     tokenizer_path: Path,
@@ -136,23 +167,12 @@ async def running_proxy(
     if request.param == "postgres":
         server = request.getfixturevalue("postgres_server")
         database_url = await server.create_database()
-    port = free_port()
-    settings = Settings(
-        port=port,
-        data_dir=data_dir,
-        database_url=database_url,
-        backend_url=backend_url,
-        tokenizer_path=tokenizer_path,
-        admin_key=ADMIN_KEY,
-        **overrides,
-    )
-    with (
-        serve(create_app(settings), port=port) as url,
-        httpx.Client(
-            base_url=url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=60
-        ) as admin,
-    ):
-        yield Proxy(url=url, settings=settings, admin=admin)
+    defaults = {"context_length": Settings.model_fields["context_length"].default}
+    defaults["max_body_bytes"] = Settings.model_fields["max_body_bytes"].default
+    with running_proxy(
+        backend_url, tokenizer_path, data_dir, database_url, **{**defaults, **overrides}
+    ) as started:
+        yield started
     if server is not None and database_url is not None:
         await server.drop_database(database_url)
 
@@ -166,7 +186,7 @@ async def proxy(
     model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Proxy]:
-    async for started in running_proxy(
+    async for started in proxy_on_database(
         request,
         tap.url,
         model_dir,

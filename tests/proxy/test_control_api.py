@@ -93,6 +93,11 @@ DROP = object()  # marks a field to leave out of the otherwise valid body
         ({"sampling": {"top_p": 0}}, "sampling.top_p"),
         ({"sampling": {"max_tokens": 0}}, "sampling.max_tokens"),
         ({"sampling": {"n": 4}}, "sampling.n"),
+        # SGLang's rules: every turn of such a session would fail at the backend.
+        ({"sampling": {"top_k": 0}}, "sampling.top_k"),
+        ({"sampling": {"top_k": -2}}, "sampling.top_k"),
+        ({"sampling": {"seed": -1}}, "sampling.seed"),
+        ({"sampling": {"seed": 2**63}}, "sampling.seed"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
     ],
 )

@@ -32,7 +32,7 @@ from engine.tiny import ensure_tiny_model
 from kernel.threaded import serve
 from proxy.canonical import ChatRequest, Message, ToolCall, ToolSpec
 from proxy.render import load_tokenizer
-from tests.proxy.conftest import Proxy, running_proxy
+from tests.proxy.conftest import Proxy, proxy_on_database
 from tests.support.real_models import BUILD_VERSION, REAL_TEMPLATES, default_cache
 from tests.support.real_policy import BASH_SCHEMA, READ_SCHEMA, THINKING, sampled_text
 from tests.support.tap import BackendTap
@@ -114,7 +114,7 @@ async def _stack(
     **settings: Any,
 ) -> AsyncIterator[RealStack]:
     name, model, tap = engine
-    async for proxy in running_proxy(request, tap.url, model, tmp_path_factory, **settings):
+    async for proxy in proxy_on_database(request, tap.url, model, tmp_path_factory, **settings):
         yield RealStack(name, load_tokenizer(model), proxy, tap)
 
 

@@ -71,7 +71,9 @@ LOOP_SCRIPT: dict[str, Any] = {
 def loop_engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     script = tmp_path_factory.mktemp("loop") / "policy.json"
     script.write_text(json.dumps(LOOP_SCRIPT))
-    with running_engine(EngineConfig(model_path=model_dir, script_path=script)) as url:
+    with running_engine(
+        EngineConfig(model_path=model_dir, script_path=script, enable_return_routed_experts=True)
+    ) as url:
         yield url
 
 

@@ -43,6 +43,9 @@ class BackendTap:
     aborts: list[dict[str, Any]] = field(default_factory=list)
     fail_status_once: int | None = None
     drop_after_chunks_once: int | None = None
+    # False: answer /server_info with 404, as a server whose configuration cannot be read,
+    # so the proxy sends what only the server itself can refuse.
+    server_info: bool = True
 
     def reset(self) -> None:
         self.generates.clear()
@@ -96,6 +99,8 @@ class BackendTap:
             return Response(upstream.content, status_code=upstream.status_code)
 
         async def forward_get(request: Request) -> Response:
+            if request.url.path.endswith("server_info") and not self.server_info:
+                return Response(status_code=404)
             upstream = await client.get(request.url.path)
             return Response(
                 upstream.content,
@@ -109,5 +114,7 @@ class BackendTap:
                 Route("/abort_request", abort, methods=["POST"]),
                 Route("/health", forward_get, methods=["GET"]),
                 Route("/model_info", forward_get, methods=["GET"]),
+                Route("/server_info", forward_get, methods=["GET"]),
+                Route("/get_server_info", forward_get, methods=["GET"]),
             ]
         )

@@ -96,7 +96,9 @@ class RolloutStack:
 def rollout_stack(
     model_dir: Path, data_dir: Path, dtype: str = "float32"
 ) -> Iterator[RolloutStack]:
-    with running_engine(EngineConfig(model_path=model_dir, dtype=dtype)) as engine_url:
+    with running_engine(
+        EngineConfig(model_path=model_dir, dtype=dtype, enable_return_routed_experts=True)
+    ) as engine_url:
         port = free_port()
         settings = Settings(
             port=port,

@@ -9,11 +9,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from kernel.errors import BackendError, Conflict, InvalidRequest, NotFound
+from kernel.errors import Conflict, InvalidRequest, NotFound
 from kernel.threaded import serve
 from recorder.export_wire import ClaimedBatch, ClaimedGroup, ClaimedSample, encode_claim
 from tests.recorder.builders import segment
-from trainer_bridge.client import BackendClient, ExportClient
+from trainer_bridge.client import ExportClient
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +33,6 @@ def upstream() -> Iterator[str]:
         body = encode_claim(sent)
         return Response(body[:-8] if run_id == "cut" else body)
 
-    @app.post("/update_weights_from_disk")
-    async def update() -> JSONResponse:
-        return JSONResponse({"success": False, "message": "no such dir"}, status_code=400)
-
     with serve(app) as url:
         yield url
 
@@ -47,10 +43,6 @@ def test_http_errors_map_to_the_exception_tree(upstream: str) -> None:
             export.ack("expired")
         with pytest.raises(NotFound):
             export.ack("unknown")
-    with BackendClient(upstream) as backend, pytest.raises(InvalidRequest, match="no such dir"):
-        backend.update_weights_from_disk("/nowhere", "v1")
-    with BackendClient("http://127.0.0.1:9") as dead, pytest.raises(BackendError):
-        dead.update_weights_from_disk("/nowhere", "v1")
 
 
 @pytest.mark.parametrize("wire", ["binv1", "b64v1", "json"])

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.trainer_bridge.conftest import ADMIN_KEY, RolloutStack, rollout_stack
-from trainer_bridge.client import BackendClient, ExportClient
+from trainer_bridge.client import ExportClient
 from trainer_bridge.config import TrainConfig
 from trainer_bridge.train import StepReport, run
+from trainer_bridge.weights import WeightSync
 
 TARGET = " street"
 PROMPTS = ["Say one word.", "Name a place.", "Where do you live?", "Pick a noun."]
@@ -40,9 +41,9 @@ class TrainerThread:
         try:
             with (
                 ExportClient(self.config.proxy_url, ADMIN_KEY, self.config.run_id) as export,
-                BackendClient(self.config.backend_url) as backend,
+                WeightSync(self.config.backend_url) as weights,
             ):
-                self.reports = run(self.config, export, backend)
+                self.reports = run(self.config, export, weights)
         except BaseException as exc:  # surfaced by the test thread
             self.error = exc
 

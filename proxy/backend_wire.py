@@ -1,0 +1,124 @@
+"""SGLang 0.5.23's ``/generate`` stream, read: chunks into deltas, spans, errors.
+
+Owns the pure functions ``SGLangBackend`` reads a stream with (no IO):
+
+- ``read_delta(chunk, seen)``: the ids and logprobs a chunk adds, in either streaming mode. A
+  chunk whose ``output_ids`` are as long as ``meta_info.completion_tokens`` (always
+  cumulative) is cumulative, anything shorter a delta. Ids and logprobs come from
+  ``meta_info.output_token_logprobs`` (``[logprob, id, null]``), cross-checked against
+  ``output_ids``.
+- ``spans(raw, output_len)``: ``meta_info.weight_versions`` as ``(version, start, end)``,
+  which must cover the output exactly.
+- ``refusal(message, status)``, ``http_error(response)``, ``inband_error(error)``: what a
+  backend error means for the harness's request: a 400 about the context or input length is
+  ``ContextLengthExceeded``, any other 400 ``InvalidRequest`` (resending cannot help), 5xx
+  and 429 a retryable ``BackendError``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import httpx
+import orjson
+
+from kernel.errors import BackendError, ContextLengthExceeded, InvalidRequest, LegoError
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationDelta:
+    ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+def read_delta(chunk: dict[str, object], seen: int) -> tuple[GenerationDelta, int]:
+    meta = chunk.get("meta_info")
+    if not isinstance(meta, dict):
+        raise BackendError("backend chunk without meta_info", retryable=False)
+    triples = meta.get("output_token_logprobs") or []
+    output_ids = chunk.get("output_ids") or []
+    if not isinstance(triples, list) or not isinstance(output_ids, list):
+        raise BackendError("backend chunk with malformed output", retryable=False)
+    total = int(meta.get("completion_tokens", len(output_ids)))
+    cumulative = len(output_ids) == total
+    new_ids = output_ids[seen:] if cumulative else output_ids
+    new_triples = triples[seen:] if len(triples) == total else triples
+    if len(new_triples) != len(new_ids):
+        raise BackendError(
+            f"backend returned {len(new_ids)} ids but {len(new_triples)} logprobs",
+            retryable=False,
+        )
+    ids = tuple(int(i) for i in new_ids)
+    if any(int(t[1]) != i for t, i in zip(new_triples, ids, strict=True)):
+        raise BackendError("backend logprob ids disagree with output_ids", retryable=False)
+    logprobs = tuple(float(t[0]) for t in new_triples)
+    return GenerationDelta(ids, logprobs), seen + len(ids)
+
+
+def spans(raw: object, output_len: int) -> tuple[tuple[str, int, int], ...]:
+    """SGLang's ``meta_info.weight_versions``: ``[{"version", "start", "end"}]``."""
+    if raw is None:
+        return ()
+    spans: list[tuple[str, int, int]] = []
+    if isinstance(raw, list):
+        for span in raw:
+            if not isinstance(span, dict):
+                break
+            version, start, end = span.get("version"), span.get("start"), span.get("end")
+            if not (isinstance(start, int) and isinstance(end, int) and version is not None):
+                break
+            spans.append((str(version), start, end))
+        else:
+            if spans and spans[0][1] == 0 and spans[-1][2] == output_len:
+                return tuple(spans)
+    raise BackendError(
+        f"backend weight_versions {raw!r} do not cover the {output_len} output tokens",
+        retryable=False,
+    )
+
+
+def _error_message(payload: object) -> str:
+    if isinstance(payload, dict):
+        inner = payload.get("error", payload)
+        if isinstance(inner, dict):
+            return str(inner.get("message", inner))
+        return str(inner)
+    return str(payload)
+
+
+# SGLang 0.5.23's words for a prompt it cannot take: the tokenizer's "longer than the
+# model's context length" / "exceeds the model's maximum context length", the scheduler's
+# "exceeds the maximum allowed length".
+_CONTEXT_WORDS = re.compile(r"context length|maximum allowed length|context_length", re.I)
+
+
+def refusal(message: str, status: int) -> LegoError:
+    """What a backend's error status means for the harness's request."""
+    if status == 400:
+        if _CONTEXT_WORDS.search(message):
+            return ContextLengthExceeded(f"the backend rejected the prompt: {message}")
+        # Deterministic: the same request would be refused again.
+        return InvalidRequest(f"the backend refused the request: {message}")
+    retryable = status >= 500 or status == 429
+    return BackendError(
+        f"backend answered {status}: {message}", retryable=retryable, backend_status=status
+    )
+
+
+def http_error(response: httpx.Response) -> LegoError:
+    try:
+        message = _error_message(orjson.loads(response.content))
+    except orjson.JSONDecodeError:
+        message = response.text[:500]
+    return refusal(message, response.status_code)
+
+
+def inband_error(error: object) -> LegoError:
+    """SGLang's mid-stream ``{"message", "type", "code", "retryable"}``."""
+    message = _error_message(error)
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 500:
+        return refusal(message, code)
+    retryable = not (isinstance(error, dict) and error.get("retryable") is False)
+    return BackendError(f"backend failed mid-stream: {message}", retryable=retryable)

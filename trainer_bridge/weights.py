@@ -1,0 +1,184 @@
+"""Weight sync to every SGLang worker, never to the router: discover, pause, flush, update,
+continue.
+
+Owns ``discover_workers(backend_url)`` and ``WeightSync`` (with its ``SyncReport``).
+
+Workers: ``backend_url`` is what the proxy's ``LEGO_BACKEND_URL`` is: a comma-separated list
+of SGLang workers, or one URL. One URL that answers ``GET /workers`` with
+``{"workers": [{"id", "url"}, ...]}`` is an smg router (it has no pause or weight routes,
+so every call below goes to its workers); any other URL is a worker.
+
+``WeightSync.publish(model_path, version)``, in SGLang's order (as slime does it), each
+step on every worker at once and every worker through a step before the next begins:
+
+1. ``POST /pause_generation {"mode": "abort"}``: running turns come back as aborts with a
+   null status, which the proxy re-sends once generation continues (they then wait on
+   the pause, not sample under a mix of weights);
+2. ``POST /flush_cache``: cached KV (and its routing rows) was computed by the old
+   weights; retried while the worker still reports running requests, up to
+   ``flush_timeout_s``;
+3. ``POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache"}``;
+4. ``POST /continue_generation``.
+
+A worker that fails any step is reported (``SyncReport.failed``, logged) and taken out: it
+is removed from the router when there is one, then continued, so the turns waiting on its
+pause finish instead of hanging, on the weights it still has and labelled with the version
+it reports (SGLang's ``meta_info.weight_version``), so the proxy records them as what they
+are and the export's staleness bound keeps them out of optimisation. With a plain worker
+list there is no router to take it out of: the report names it, for the operator to remove
+from ``LEGO_BACKEND_URL``. ``publish`` raises ``BackendError`` when no worker took the new
+weights (there is nothing left to train against).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+
+from kernel.errors import BackendError, BackendUnavailable, LegoError
+from trainer_bridge.client import JsonClient
+
+log = logging.getLogger("trainer_bridge")
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    url: str
+    router_id: str | None = None  # its id in the smg router, when there is one
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    version: str
+    updated: tuple[str, ...]  # workers now serving ``version``
+    failed: tuple[tuple[str, str], ...]  # (worker URL, what went wrong)
+    removed: tuple[str, ...]  # failed workers taken out of the router
+
+
+def discover_workers(http: httpx.Client, backend_url: str) -> tuple[str | None, tuple[Worker, ...]]:
+    """``(router URL or None, workers)`` behind ``backend_url`` (see the module docstring)."""
+    urls = [u.strip().rstrip("/") for u in backend_url.split(",") if u.strip()]
+    if len(urls) != 1:
+        return None, tuple(Worker(u) for u in urls)
+    (url,) = urls
+    try:
+        response = http.get(f"{url}/workers", timeout=10.0)
+    except httpx.TransportError as exc:
+        raise BackendUnavailable(f"GET {url}/workers: {exc}") from exc
+    listed = response.json().get("workers") if _is_json_object(response) else None
+    if response.status_code != 200 or not isinstance(listed, list):
+        return None, (Worker(url),)
+    workers = tuple(
+        Worker(str(w["url"]).rstrip("/"), str(w.get("id")) if w.get("id") else None)
+        for w in listed
+        if isinstance(w, dict) and w.get("url")
+    )
+    if not workers:
+        raise BackendUnavailable(f"the smg router at {url} lists no workers")
+    return url, workers
+
+
+def _is_json_object(response: httpx.Response) -> bool:
+    try:
+        return isinstance(response.json(), dict)
+    except ValueError:
+        return False
+
+
+class WeightSync(JsonClient):
+    def __init__(
+        self, backend_url: str, *, timeout_s: float = 600.0, flush_timeout_s: float = 60.0
+    ) -> None:
+        super().__init__("", {}, timeout_s)  # every call names its worker's URL
+        self._backend_url = backend_url
+        self._flush_timeout_s = flush_timeout_s
+
+    def publish(self, model_path: str, version: str) -> SyncReport:
+        router, workers = discover_workers(self._http, self._backend_url)
+        failed: dict[str, str] = {}
+        update = {"model_path": model_path, "weight_version": version, "flush_cache": True}
+        steps: list[tuple[str, Callable[[Worker], object]]] = [
+            ("pause", lambda w: self._post(w, "/pause_generation", {"mode": "abort"})),
+            ("flush", self._flush),
+            ("update", lambda w: self._update(w, update)),
+        ]
+        for name, step in steps:
+            live = [w for w in workers if w.url not in failed]
+            for worker, error in _each(live, step):
+                if error is not None:
+                    failed[worker.url] = f"{name}: {error}"
+        removed = tuple(w.url for w in workers if w.url in failed and self._take_out(router, w))
+        # Every worker is continued, the failed ones too: a turn waiting on a pause must
+        # not hang; what a failed worker serves carries the version it reports.
+        for worker, error in _each(workers, lambda w: self._post(w, "/continue_generation", {})):
+            if error is not None:
+                failed.setdefault(worker.url, f"continue: {error}")
+        report = SyncReport(
+            version=version,
+            updated=tuple(w.url for w in workers if w.url not in failed),
+            failed=tuple(failed.items()),
+            removed=removed,
+        )
+        for url, why in report.failed:
+            taken = "taken out of the router" if url in removed else "still listed"
+            log.error("weight sync to %s failed (%s); %s", url, why, taken)
+        if not report.updated:
+            raise BackendError(
+                f"no worker took weight version {version}: "
+                + "; ".join(f"{u}: {why}" for u, why in report.failed),
+                retryable=False,
+            )
+        return report
+
+    def _post(self, worker: Worker, path: str, body: object) -> httpx.Response:
+        return self.post(f"{worker.url}{path}", body)
+
+    def _flush(self, worker: Worker) -> None:
+        # SGLang refuses (400) while requests still run; an abort-mode pause drains them.
+        deadline = time.monotonic() + self._flush_timeout_s
+        while True:
+            try:
+                self._post(worker, "/flush_cache", {})
+                return
+            except LegoError:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.5)
+
+    def _update(self, worker: Worker, body: dict[str, object]) -> None:
+        result = self._post(worker, "/update_weights_from_disk", body).json()
+        if not result.get("success", False):
+            raise BackendError(f"weight update refused: {result.get('message')}")
+
+    def _take_out(self, router: str | None, worker: Worker) -> bool:
+        if router is None or worker.router_id is None:
+            return False
+        try:
+            response = self._http.delete(f"{router}/workers/{worker.router_id}")
+        except httpx.TransportError as exc:
+            log.error("could not remove %s from the router %s: %s", worker.url, router, exc)
+            return False
+        return response.status_code in (200, 202, 204)
+
+
+def _each(
+    workers: Sequence[Worker], step: Callable[[Worker], object]
+) -> list[tuple[Worker, str | None]]:
+    """Run ``step`` on every worker at once; each worker's error message, or None."""
+
+    def attempt(worker: Worker) -> tuple[Worker, str | None]:
+        try:
+            step(worker)
+        except LegoError as exc:
+            return worker, exc.message
+        return worker, None
+
+    if not workers:
+        return []
+    with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+        return list(pool.map(attempt, workers))
