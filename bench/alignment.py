@@ -59,7 +59,10 @@ PROMPTS = [
 @contextmanager
 def _stack(model: Path, data_dir: Path, dtype: str) -> Iterator[tuple[str, httpx.Client]]:
     engine_port, proxy_port = free_port(), free_port()
-    engine = replace(EngineConfig(model_path=model, dtype=dtype), port=engine_port)
+    engine = replace(
+        EngineConfig(model_path=model, dtype=dtype, enable_return_routed_experts=True),
+        port=engine_port,
+    )
     with serve(create_engine_app(engine), port=engine_port) as engine_url:
         settings = Settings(
             port=proxy_port,

@@ -59,7 +59,9 @@ def run(turns: int, result_chars: int, root: Path) -> None:
         admin_key=ADMIN_KEY,
         context_length=131072,
     )
-    with running_engine(EngineConfig(model_path=model_dir, script_path=script)) as engine:
+    with running_engine(
+        EngineConfig(model_path=model_dir, script_path=script, enable_return_routed_experts=True)
+    ) as engine:
         settings = settings.model_copy(update={"backend_url": engine})
         with serve(create_app(settings), port=port) as url:
             admin = openai.OpenAI(base_url=url, api_key=ADMIN_KEY)

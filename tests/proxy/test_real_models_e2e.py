@@ -100,7 +100,9 @@ def real_engine(
     ensure_tiny_model(model, tokenizer_from=real_tokenizer_dirs[name])
     path = tmp_path_factory.mktemp(f"script-{name}") / "policy.json"
     path.write_text(json.dumps(script(load_tokenizer(model), name)))
-    with running_engine(EngineConfig(model_path=model, script_path=path)) as url:
+    with running_engine(
+        EngineConfig(model_path=model, script_path=path, enable_return_routed_experts=True)
+    ) as url:
         tap = BackendTap(upstream=url)
         with serve(tap.app()) as tap_url:
             tap.url = tap_url

@@ -4,9 +4,7 @@ Owns ``sglang_parsers() -> SGLangParsers``: the ``Qwen25Detector`` and
 ``Qwen3CoderDetector`` tool-call detectors and the ``Qwen3Detector`` reasoning detector of
 the installed ``sglang`` package (pinned to 0.5.23 and installed ``--no-deps`` by ``make
 install``, with only what these modules import: see ``pyproject.toml``), plus SGLang's
-``Tool`` model. ``sglang/__init__.py`` imports torch, triton and the whole server, so the
-package is registered as a bare namespace (its ``__init__`` not run) before the parser
-modules are imported; they need nothing from it.
+``Tool`` model, imported without SGLang's runtime (``tests.support.sglang_package``).
 
 ``parse_non_stream`` and ``parse_stream`` do what SGLang's ``FunctionCallParser`` and
 ``ReasoningParser`` do around the detectors (that module itself imports xgrammar): split
@@ -19,23 +17,13 @@ CI and fail under CI.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 from proxy.canonical import ToolSpec
 from proxy.settings import ToolParser
-
-PINNED = "0.5.23"
-
-
-class SGLangUnavailable(Exception):
-    pass
+from tests.support.sglang_package import import_sglang
 
 
 @dataclass(frozen=True)
@@ -120,27 +108,10 @@ class SGLangParsers:
 
 
 def sglang_parsers() -> SGLangParsers:
-    try:
-        version = metadata.version("sglang")
-    except metadata.PackageNotFoundError as exc:
-        raise SGLangUnavailable("sglang is not installed (make install adds it)") from exc
-    if version != PINNED:
-        raise SGLangUnavailable(f"sglang {version} is installed; the tests pin {PINNED}")
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise SGLangUnavailable("the sglang package has no importable location")
-    if "sglang" not in sys.modules:
-        package = types.ModuleType("sglang")
-        package.__path__ = list(spec.submodule_search_locations)
-        sys.modules["sglang"] = package
     names = {
         "protocol": "sglang.srt.entrypoints.openai.protocol",
         "qwen25": "sglang.srt.function_call.qwen25_detector",
         "qwen3_coder": "sglang.srt.function_call.qwen3_coder_detector",
         "reasoning": "sglang.srt.parser.reasoning_parser",
     }
-    try:
-        modules = {key: importlib.import_module(module) for key, module in names.items()}
-    except ImportError as exc:
-        raise SGLangUnavailable(f"SGLang's parser modules do not import here: {exc}") from exc
-    return SGLangParsers(modules)
+    return SGLangParsers(dict(zip(names, import_sglang(*names.values()), strict=True)))

@@ -42,10 +42,10 @@ from proxy.settings import ToolParser
 from tests.support.optional import unavailable
 from tests.support.real_models import BY_NAME, REAL_TEMPLATES
 from tests.support.real_policy import sampled_text
+from tests.support.sglang_package import SGLangUnavailable
 from tests.support.sglang_parsers import (
     SGLangParsers,
     SGLangResult,
-    SGLangUnavailable,
     sglang_parsers,
 )
 
