@@ -17,6 +17,8 @@ The core raises these; nothing returns errors as values. Each wire adapter maps 
     ├── BackendError               502  the SGLang backend answered with an error
     │   └── BackendUnavailable     503  the backend cannot be reached
     ├── RecorderError              500  the database refused a control-plane write
+    │   └── RecorderUnavailable    503  nothing can make a turn durable, or the recorder is
+    │                                   still catching up; retry after a while
     ├── ServerDidNotStart          500  a child server exited or never answered (kernel.process)
     └── PostgresUnavailable        500  no scratch Postgres here (recorder.scratch_postgres)
 
@@ -111,3 +113,8 @@ class BackendUnavailable(BackendError):
 class RecorderError(LegoError):
     status = 500
     code = "recorder_error"
+
+
+class RecorderUnavailable(RecorderError):
+    status = 503
+    code = "recorder_unavailable"

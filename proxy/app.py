@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from time import time_ns
 
 import httpx
 import orjson
@@ -39,13 +37,14 @@ from proxy.pipeline import Pipeline
 from proxy.readiness import check_readiness
 from proxy.render import load_tokenizer
 from proxy.routes import control, export, inference, ui
+from proxy.routes.auth import is_admin
 from proxy.sessions import SessionCache
 from proxy.settings import Settings
 from proxy.state import AppState
+from recorder.disks import RecorderDisks
 from recorder.export import ExportStore
 from recorder.journal import Journal
 from recorder.migrate import upgrade_database
-from recorder.spool import Spool
 from recorder.store import Store
 from recorder.writer import TurnWriter
 
@@ -114,25 +113,16 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             tokenizer = load_tokenizer(model_dir)
             await upgrade_database(settings.effective_database_url)
-            # One spool directory per proxy (host + port), so a restart finds its own spool;
-            # spools of proxies that died elsewhere under the same root are adopted too.
-            spool_root = settings.data_dir / "spool"
-            spool = Spool.open(spool_root / f"{socket.gethostname()}-{settings.port}")
-            orphans = list(Spool.orphans(spool_root, spool.directory))
-            # The journal is per process start: what a killed proxy journaled is an orphan
-            # that this writer replays (idempotently) before anything else.
-            journal_root = settings.data_dir / "journal"
-            journal = (
-                Journal(
-                    Spool.open(journal_root / f"{socket.gethostname()}-{settings.port}-{time_ns()}")
-                )
-                if settings.journal
-                else None
-            )
-            own_journal = journal.directory if journal is not None else journal_root / "-"
-            orphans += Spool.orphans(journal_root, own_journal)
+            disks = RecorderDisks(settings.data_dir, await store.identity())
+            spool = disks.spool(settings.port)
+            journal = Journal(disks.journal(settings.port)) if settings.journal else None
             writer = TurnWriter(
-                store, spool=spool, orphans=orphans, journal=journal, metrics=metrics.recorder
+                store,
+                spool=spool,
+                orphans=disks.orphans(),
+                journal=journal,
+                quarantine=disks.quarantine(settings.port),
+                metrics=metrics.recorder,
             )
             writer.start()
             gate = RunGate(
@@ -187,6 +177,7 @@ def create_app(settings: Settings) -> FastAPI:
             if engine is not None:
                 await engine.stop()
 
+    admin_key = settings.effective_admin_key.encode()
     app = FastAPI(title="lego-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.include_router(inference.build_router(chat_adapter, messages_adapter, responses_adapter))
     app.include_router(control.build_router(settings, chat_adapter.error_response))
@@ -200,9 +191,10 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/readyz")
     async def readyz(request: Request) -> Response:
         state: AppState = request.app.state.lego
-        verdict = await check_readiness(state.store, request.app.state.lego_backend)
+        verdict = await check_readiness(state.store, request.app.state.lego_backend, state.writer)
+        detailed = is_admin(request.headers.get("authorization", ""), admin_key)
         return Response(
-            orjson.dumps(verdict.to_json()),
+            orjson.dumps(verdict.to_json(detailed=detailed)),
             status_code=200 if verdict.ready else 503,
             media_type="application/json",
         )

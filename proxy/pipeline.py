@@ -12,7 +12,10 @@ Contract:
 - ``run`` yields ``OutputEvent``s as the backend produces tokens and ends with one
   ``TurnFinished``. Every backend generation it started is recorded exactly once: a
   completed turn is committed to the ledger (so the next request can extend it) and
-  handed to the recorder before that last event; a turn that ends otherwise is recorded
+  handed to the recorder before that last event, which waits (boundedly) until the turn is
+  durable: in the database when it is up, so every replica sees it before the harness
+  does; a turn the recorder cannot make durable, or that the database took after its
+  session was finished, raises instead of ending; a turn that ends otherwise is recorded
   when the generator ends, ``failed`` when the backend or the parser failed (the error is
   re-raised for the adapter), ``cancelled`` when the consumer went away (the backend
   request is aborted by ``rid``).
@@ -31,7 +34,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from kernel.errors import BackendError, ContextLengthExceeded, LegoError
+from kernel.errors import BackendError, Conflict, ContextLengthExceeded, LegoError
 from proxy.backend import Finish, GenerateCall, GenerationDelta, GenerationEnd, SGLangBackend
 from proxy.canonical import (
     ChatRequest,
@@ -56,7 +59,7 @@ from proxy.settings import Settings
 from proxy.tokens import TokenIds
 from recorder.records import RoutedExperts, SessionInfo, TurnRecord, TurnStatus, TurnTimings
 from recorder.store import Store
-from recorder.writer import TurnWriter
+from recorder.writer import Durability, TurnWriter
 
 # Keys the orchestrator may pin per session, in canonical names, and their SGLang names.
 SESSION_SAMPLING_KEYS = {
@@ -282,7 +285,14 @@ class Pipeline:
                 request,
                 answer,
             )
-            await asyncio.shield(self._writer.submit_durable(record))
+            durability = await asyncio.shield(self._writer.submit_durable(record))
+            if durability is Durability.LATE:
+                # Another replica finished the session while this turn ran: the turn is
+                # recorded failed, and the harness must not take it as answered.
+                raise Conflict(
+                    f"session {turn.session.id} was finished while this turn ran; the "
+                    "turn is recorded as failed"
+                )
             yield finished
         except (asyncio.CancelledError, GeneratorExit):
             if not recorded:

@@ -5,7 +5,8 @@ Contract:
   ...); announcing a version again returns its existing entry. Staleness is measured in
   this order; a version never announced has index -1 (older than everything).
 - ``claim(run, groups, max_staleness, lease_s)`` leases up to ``groups`` COMPLETE prompt
-  groups (every session finished) to a new batch, in the order the groups were created.
+  groups (every session finished, and as many sessions as the group's declared size:
+  ``recorder.groups``) to a new batch, in the order the groups were created.
   A group is never handed to two live leases: on Postgres the lease rows are taken with
   ``SELECT ... FOR UPDATE SKIP LOCKED`` and new ones with ``INSERT ... ON CONFLICT DO
   NOTHING``; on SQLite the whole claim is one ``BEGIN IMMEDIATE`` transaction. Sessions
@@ -37,6 +38,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernel.errors import Conflict, NotFound
+from recorder import groups as prompt_group
 from recorder.database import create_engine, is_sqlite, parse_url, transaction
 from recorder.records import EXCLUDED_TERMINATIONS, SessionStatus, TurnStatus
 from recorder.rows import Reward, reward_of
@@ -156,6 +158,9 @@ class ExportStore:
             for group_id in await self._candidates(conn, run_id, now):
                 if len(claimed) >= groups:
                     break
+                # A session joining the group now waits for this transaction, or went first
+                # and is read below (recorder.groups).
+                await prompt_group.lock(conn, run_id, group_id)
                 members = (
                     await conn.execute(
                         select(
@@ -164,11 +169,14 @@ class ExportStore:
                             sessions.c.termination,
                             sessions.c.reward,
                             sessions.c.reward_vector,
+                            sessions.c.status,
                         )
                         .where(sessions.c.run_id == run_id, sessions.c.group_id == group_id)
                         .order_by(sessions.c.sample_index, sessions.c.id)
                     )
                 ).all()
+                if any(m.status != SessionStatus.FINISHED.value for m in members):
+                    continue  # a sample joined after the candidates were read
                 kept = [m for m in members if m.termination not in EXCLUDED_TERMINATIONS]
                 if not kept:
                     await self._skip(conn, run_id, group_id, now)
@@ -214,6 +222,7 @@ class ExportStore:
         rows = await conn.execute(
             select(sessions.c.group_id)
             .where(sessions.c.run_id == run_id, sessions.c.group_id.not_in(taken))
+            .where(~prompt_group.below_size(run_id))
             .group_by(sessions.c.group_id)
             .having(unfinished == 0)
             .order_by(func.min(sessions.c.created_at), sessions.c.group_id)

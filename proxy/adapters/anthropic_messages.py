@@ -39,7 +39,15 @@ from kernel.errors import BackendError, InvalidRequest, LegoError, Unsupported
 from proxy.adapters.base import StreamState
 from proxy.adapters.signing import ReasoningSigner
 from proxy.adapters.sse import sse_frame
-from proxy.adapters.wire import Wire, ignored_extras, invalid, missing, one_of
+from proxy.adapters.wire import (
+    Name,
+    Wire,
+    ignored_extras,
+    invalid,
+    missing,
+    one_of,
+    refuse_unstorable,
+)
 from proxy.canonical import (
     AssistantTurn,
     ChatRequest,
@@ -121,14 +129,14 @@ class _Thinking(Wire):
 
 
 class _Body(Wire):
-    model: str
+    model: Name
     messages: list[_Message]
     max_tokens: int | None = Field(default=None, ge=1)  # required, except by count_tokens
     system: _System | None = None
     tools: list[_Tool] | None = None
     tool_choice: _ToolChoice | None = None
     thinking: _Thinking | None = None
-    stop_sequences: list[str] | None = None
+    stop_sequences: list[Name] | None = None
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=1)
@@ -318,6 +326,7 @@ def _canonical(body: _Body, signer: ReasoningSigner) -> ChatRequest:
     if not body.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
     ignored: set[str] = set()
+    refuse_unstorable(body)
     ignored_extras(body, "", ignored)
     ignored |= {name for name in _UNUSED_FIELDS if getattr(body, name) is not None}
     if body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use is not None:

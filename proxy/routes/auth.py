@@ -1,6 +1,7 @@
 """The admin key check shared by the control, export and Live UI routes.
 
-Contract: ``require_admin(authorization, admin_key, api)`` returns when the header is
+Contract: ``is_admin(authorization, admin_key)`` says whether the header carries the
+admin key; ``require_admin(authorization, admin_key, api)`` returns when the header is
 ``Bearer <admin key>`` (compared in constant time) and raises ``AuthenticationFailed``
 naming ``api`` otherwise.
 """
@@ -16,3 +17,9 @@ def require_admin(authorization: str, admin_key: bytes, api: str) -> None:
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), admin_key):
         raise AuthenticationFailed(f"the {api} needs 'Authorization: Bearer <admin key>'")
+
+
+def is_admin(authorization: str, admin_key: bytes) -> bool:
+    """Whether the header carries the admin key (for answers that say more to admins)."""
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), admin_key)

@@ -5,6 +5,7 @@ OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``).
 
     POST /api/v1/runs                          {"name"}                       -> run
     POST /api/v1/runs/{run_id}/sessions        {"task_id", "group_id", ...}   -> session + key
+    POST /api/v1/runs/{run_id}/groups/{group_id}/close                        -> group
     POST /api/v1/sessions/{id}/finish          {"termination", "reward"}      -> session
     GET  /api/v1/sessions/{id}                                                -> session
     GET  /api/v1/sessions/{id}/trajectory                                     -> segments
@@ -12,13 +13,16 @@ OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, field_validator
 
+from kernel.errors import InvalidRequest
+from proxy.adapters.wire import INT64_MAX, INT64_MIN, Name, refuse_unstorable
 from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
 from proxy.settings import Settings
 from proxy.state import AppState
@@ -29,11 +33,15 @@ from recorder.trajectory import build_segments
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Finite numbers only: NaN and Infinity are not JSON, and no column keeps them.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+INT32_MAX = 2**31 - 1  # what an Integer column holds
 
 
 class CreateRun(_Strict):
-    name: str = Field(min_length=1, max_length=256)
+    name: Name = Field(min_length=1, max_length=256)
 
 
 class SessionSampling(_Strict):
@@ -41,35 +49,42 @@ class SessionSampling(_Strict):
 
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
 
 class CreateSession(_Strict):
-    task_id: str = Field(min_length=1, max_length=512)
-    group_id: str = Field(min_length=1, max_length=512)
-    sample_index: int = Field(default=0, ge=0)
-    harness: str = Field(default="unknown", max_length=128)
+    task_id: Name = Field(min_length=1, max_length=512)
+    group_id: Name = Field(min_length=1, max_length=512)
+    sample_index: int = Field(default=0, ge=0, le=INT32_MAX)
+    # How many sessions the group has: it is exported once that many are finished.
+    group_size: int | None = Field(default=None, ge=1, le=10_000)
+    harness: Name = Field(default="unknown", max_length=128)
     sampling: SessionSampling = SessionSampling()
-    max_prompt_tokens: int | None = Field(default=None, ge=1)
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_prompt_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
 
 def _reward(value: object) -> float | list[float] | None:
     # One validator instead of a union, so an error names the field, not a union member.
     if value is None:
         return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, list) and value:
-        numbers = [
-            float(x) for x in value if isinstance(x, int | float) and not isinstance(x, bool)
-        ]
-        if len(numbers) == len(value):
-            return numbers
-    raise ValueError("reward must be a number or a non-empty list of numbers")
+    if _is_number(value):
+        return float(value)  # type: ignore[arg-type]
+    if isinstance(value, list) and value and all(_is_number(x) for x in value):
+        return [float(x) for x in value]
+    raise ValueError("reward must be a finite number or a non-empty list of finite numbers")
+
+
+def _is_number(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer past the float range
+        return False
 
 
 Reward = Annotated[float | list[float] | None, PlainValidator(_reward)]
@@ -79,6 +94,16 @@ class FinishSession(_Strict):
     termination: Termination
     reward: Reward = None  # a scalar, or a vector of objectives
     reward_details: dict[str, JsonValue] | None = None
+
+    @field_validator("reward_details")
+    @classmethod
+    def _storable(cls, value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        # Stored in a JSON column and read back by every claim: refuse what would not be.
+        try:
+            refuse_unstorable(value, json_column=True)
+        except InvalidRequest as exc:
+            raise ValueError(exc.message) from None
+        return value
 
 
 def _state(request: Request) -> AppState:
@@ -113,9 +138,22 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             max_prompt_tokens=body.max_prompt_tokens,
             max_output_tokens=body.max_output_tokens,
         )
-        session = await state.store.create_session(spec)
+        session = await state.store.create_session(spec, group_size=body.group_size)
         state.sessions.put(session)
         return {**session_json(session, public_url), "key": session.key}
+
+    async def close_group(state: AppState, request: Request) -> object:
+        group = await state.store.close_group(
+            request.path_params["run_id"], request.path_params["group_id"]
+        )
+        return {
+            "run_id": group.run_id,
+            "group_id": group.group_id,
+            "size": group.size,
+            "sessions": group.sessions,
+            "closed": group.closed,
+            "exported": group.exported,
+        }
 
     async def finish_session(state: AppState, request: Request) -> object:
         body = parse_body(FinishSession, await request.body())
@@ -185,6 +223,9 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
 
     router.add_api_route("/runs", admin(create_run), methods=["POST"])
     router.add_api_route("/runs/{run_id}/sessions", admin(create_session), methods=["POST"])
+    router.add_api_route(
+        "/runs/{run_id}/groups/{group_id}/close", admin(close_group), methods=["POST"]
+    )
     router.add_api_route("/sessions/{session_id}/finish", admin(finish_session), methods=["POST"])
     router.add_api_route("/sessions/{session_id}", admin(get_session), methods=["GET"])
     router.add_api_route("/sessions/{session_id}/trajectory", admin(trajectory), methods=["GET"])

@@ -33,6 +33,7 @@ import binascii
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, Request
@@ -40,6 +41,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernel.errors import InvalidRequest, RecorderError
+from proxy.adapters.wire import Name
 from proxy.gate import RunGate
 from proxy.metrics import Metrics
 from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
@@ -76,11 +78,12 @@ class ExportState:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Finite numbers only: NaN and Infinity are not JSON, and no column keeps them.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class AnnounceVersion(_Strict):
-    version: str = Field(min_length=1, max_length=256)
+    version: Name = Field(min_length=1, max_length=256)
 
 
 class ClaimBody(_Strict):
@@ -89,12 +92,15 @@ class ClaimBody(_Strict):
     lease_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
 
 
-class AlignmentBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# What a metric of an alignment report may be: stored in a JSON column and read back as a
+# float by every later read (Postgres would turn 2e19 into an integer past 64 bits).
+_Metric = Annotated[float, Field(gt=-(2.0**63), lt=2.0**63)]
 
-    step: int = Field(ge=0)
-    weight_version: str = Field(min_length=1, max_length=256)
-    metrics: dict[str, float | None]
+
+class AlignmentBody(_Strict):
+    step: int = Field(ge=0, le=2**31 - 1)
+    weight_version: Name = Field(min_length=1, max_length=256)
+    metrics: dict[Annotated[Name, Field(max_length=128)], _Metric | None] = Field(max_length=256)
     flagged: bool = False
 
 
@@ -210,8 +216,9 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         if report.flagged:
             state.metrics.alignment_flagged.labels(run=report.run_id).inc()
         for name, value in latest.metrics.items():
-            if value is not None:
-                state.metrics.alignment_gauge(name).labels(run=report.run_id).set(value)
+            gauge = state.metrics.alignment_gauge(name)
+            if value is not None and gauge is not None:
+                gauge.labels(run=report.run_id).set(value)
         return _alignment_json(report)
 
     async def get_alignment(state: ExportState, request: Request) -> object:

@@ -337,6 +337,7 @@ def test_readyz_reports_the_database_and_each_backend(
     shared_database: str, loop_engine_url: str, model_dir: Path, tmp_path: Path
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
+    keyed = {"authorization": f"Bearer {ADMIN_KEY}"}
     with replicas(
         1,
         database_url=shared_database,
@@ -344,32 +345,40 @@ def test_readyz_reports_the_database_and_each_backend(
         model_dir=model_dir,
         root=tmp_path,
     ) as group:
-        ready = httpx.get(f"{group.url(0)}/readyz", timeout=5)
+        ready = httpx.get(f"{group.url(0)}/readyz", headers=keyed, timeout=5)
         assert ready.status_code == 200
         body = ready.json()
-        assert body["database"]["ok"] is True
+        assert body["database"] == {"ok": True, "error": None}
         assert body["backends"] == [
             {"url": dead, "ok": False},
             {"url": loop_engine_url, "ok": True},
         ]
+        # Without the admin key: the verdict, never a URL or an error text.
+        anonymous = httpx.get(f"{group.url(0)}/readyz", timeout=5)
+        assert anonymous.status_code == 200
+        assert anonymous.json()["backends"] == {"ok": 1, "total": 2}
+        assert "127.0.0.1" not in anonymous.text
         assert httpx.get(f"{group.url(0)}/healthz", timeout=5).status_code == 200
 
     with replicas(
         1, database_url=shared_database, backend_url=dead, model_dir=model_dir, root=tmp_path
     ) as group:
-        not_ready = httpx.get(f"{group.url(0)}/readyz", timeout=5)
+        not_ready = httpx.get(f"{group.url(0)}/readyz", headers=keyed, timeout=5)
         assert not_ready.status_code == 503
         assert not_ready.json()["backends"] == [{"url": dead, "ok": False}]
         assert not_ready.json()["database"]["ok"] is True
 
 
-def test_readyz_is_unavailable_while_the_database_is_down(
+def test_readyz_stays_ready_while_the_database_is_down(
     stoppable_postgres: PostgresServer,
     loop_engine_url: str,
     model_dir: Path,
     tmp_path: Path,
 ) -> None:
+    """Turns are spooled during an outage, so the replica keeps serving: readiness must
+    not take it (and every other replica) out of the load balancer (issue 16, item 8)."""
     database_url = asyncio.run(stoppable_postgres.create_database("lego_outage"))
+    keyed = {"authorization": f"Bearer {ADMIN_KEY}"}
     with replicas(
         1,
         database_url=database_url,
@@ -379,15 +388,19 @@ def test_readyz_is_unavailable_while_the_database_is_down(
     ) as group:
         stoppable_postgres.stop()
         try:
-            response = httpx.get(f"{group.url(0)}/readyz", timeout=5)
+            response = httpx.get(f"{group.url(0)}/readyz", headers=keyed, timeout=5)
+            anonymous = httpx.get(f"{group.url(0)}/readyz", timeout=5)
         finally:
             stoppable_postgres.start()
-        assert response.status_code == 503
+        assert response.status_code == 200
         body = response.json()
+        assert body["status"] == "ready"
         assert body["database"]["ok"] is False
         assert body["database"]["error"]
+        assert body["recorder"]["durable"] is True
         assert body["backends"] == [{"url": loop_engine_url, "ok": True}]
         assert response.elapsed.total_seconds() < 3
+        assert anonymous.json()["database"] == {"ok": False}  # no raw error without a key
         assert httpx.get(f"{group.url(0)}/readyz", timeout=5).status_code == 200
 
 
