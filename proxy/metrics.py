@@ -144,6 +144,11 @@ class Metrics:
             buckets=_STALENESS_BUCKETS,
             registry=r,
         )
+        self.export_broken_groups = Counter(
+            "lego_export_broken_groups",
+            "Groups left out of exports for good: a session's recorded turns do not chain.",
+            registry=r,
+        )
         self.export_stale_groups = Counter(
             "lego_export_stale_groups",
             "Complete groups held back by a claim's max_staleness.",

@@ -163,14 +163,14 @@ class Pipeline:
     async def prepare(self, session: SessionInfo, request: ChatRequest) -> PreparedTurn:
         """Plan the prompt ids with the ledger; nothing is sent or recorded yet."""
         started = time.perf_counter()
-        plan = self._ledger.plan(session.id, request)
-        if _may_be_stale(plan, request) or self._ledger.was_dropped(session.id):
-            plan = await self._replan_if_stale(session, request, plan)
-        prompt = plan.prompt_ids
         spec = session.spec
         prompt_budget = self._settings.context_length - 1
         if spec.max_prompt_tokens is not None:
             prompt_budget = min(prompt_budget, spec.max_prompt_tokens)
+        plan = await self._plan(session, request, prompt_budget)
+        if _may_be_stale(plan, request) or self._ledger.was_dropped(session.id):
+            plan = await self._replan_if_stale(session, request, plan, prompt_budget)
+        prompt = plan.prompt_ids
         if len(prompt) > prompt_budget:
             raise ContextLengthExceeded(
                 f"the prompt is {len(prompt)} tokens, over this session's budget of "
@@ -191,8 +191,12 @@ class Pipeline:
             started=started,
         )
 
+    async def _plan(self, session: SessionInfo, request: ChatRequest, budget: int) -> PromptPlan:
+        # Rendering a large request runs off the event loop (proxy.ledger.book).
+        return await self._ledger.plan_off_loop(session.id, request, max_prompt_tokens=budget)
+
     async def _replan_if_stale(
-        self, session: SessionInfo, request: ChatRequest, plan: PromptPlan
+        self, session: SessionInfo, request: ChatRequest, plan: PromptPlan, budget: int
     ) -> PromptPlan:
         """Rebuild the session's ledger from the database when it missed recorded turns.
 
@@ -213,7 +217,7 @@ class Pipeline:
                     self._ledger.load(session.id, turns, requests)
                     self._conversations.load(session.id, turns, requests)
                     self._metrics.ledger_reloads.labels(outcome="reloaded").inc()
-                    plan = self._ledger.plan(session.id, request)
+                    plan = await self._plan(session, request, budget)
                     if not _may_be_stale(plan, request):
                         return plan
             except (TimeoutError, LegoError):

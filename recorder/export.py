@@ -20,6 +20,11 @@ Contract:
 - ``ack(batch)`` commits a batch for good (idempotent). Once a lease expired, the next
   claim may hand its groups out again; acking such a batch raises ``Conflict``. An
   expired lease whose groups nobody took yet can still be acked.
+- ``set_broken(batch, group, reason)``: a leased group one of whose sessions cannot be
+  read into a sample (its recorded turns do not chain) leaves the batch for good (state
+  ``broken``, never delivered), so one broken session never blocks a run's export.
+  ``abandon(batch)`` hands a batch's groups back to the pool at once (a claim whose body
+  could not be completed).
 - ``record_alignment``/``list_alignment``: the trainer's per-step alignment reports
   (posting a step again replaces it).
 
@@ -28,6 +33,7 @@ Unknown runs and batches raise ``NotFound``; database failures ``RecorderError``
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -52,7 +58,9 @@ from recorder.schema import (
     weight_versions,
 )
 
-LEASED, ACKED, SKIPPED = "leased", "acked", "skipped"
+log = logging.getLogger(__name__)
+
+LEASED, ACKED, SKIPPED, BROKEN = "leased", "acked", "skipped", "broken"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,11 +149,20 @@ class ExportStore:
 
     # -- claims -------------------------------------------------------------------
     async def claim(
-        self, run_id: str, groups: int, max_staleness: int | None, lease_s: float
+        self,
+        run_id: str,
+        groups: int,
+        max_staleness: int | None,
+        lease_s: float,
+        *,
+        read_grace_s: float = 0.0,
     ) -> Claim:
+        """``read_grace_s`` extends the lease while the caller reads the samples; it then
+        starts the lease proper with ``start_lease`` (``Claim.lease_expires_at`` is the
+        lease without the grace, a lower bound of the real one)."""
         now = time.time()
         batch_id = uuid.uuid4().hex
-        expires = now + lease_s
+        expires = now + lease_s + read_grace_s
         claimed: list[ClaimedGroup] = []
         rewards: list[list[Reward]] = []
         stale = 0
@@ -206,7 +223,7 @@ class ExportStore:
         zero_variance = sum(1 for values in rewards if all(v == values[0] for v in values))
         return Claim(
             batch_id=batch_id if claimed else None,
-            lease_expires_at=expires if claimed else None,
+            lease_expires_at=now + lease_s if claimed else None,
             groups=tuple(claimed),
             zero_variance_groups=zero_variance,
             stale_groups=stale,
@@ -274,6 +291,46 @@ class ExportStore:
                 run_id=run_id, group_id=group_id, state=SKIPPED, updated_at=now
             ).on_conflict_do_nothing(index_elements=["run_id", "group_id"])
         )
+
+    async def set_broken(self, batch_id: str, group_id: str, reason: str) -> None:
+        async with transaction(self._engine, f"set group {group_id!r} broken") as conn:
+            result = await conn.execute(
+                update(group_leases)
+                .where(group_leases.c.batch_id == batch_id, group_leases.c.group_id == group_id)
+                .values(state=BROKEN, batch_id=None, lease_expires_at=None, updated_at=time.time())
+            )
+            if result.rowcount:
+                await conn.execute(
+                    update(batches)
+                    .where(batches.c.id == batch_id)
+                    .values(group_count=batches.c.group_count - result.rowcount)
+                )
+        log.error("export: group %s left out of batch %s for good: %s", group_id, batch_id, reason)
+
+    async def abandon(self, batch_id: str) -> None:
+        async with transaction(self._engine, f"abandon batch {batch_id}") as conn:
+            await conn.execute(
+                delete(group_leases).where(
+                    group_leases.c.batch_id == batch_id, group_leases.c.state == LEASED
+                )
+            )
+            await conn.execute(
+                update(batches).where(batches.c.id == batch_id).values(lease_expires_at=0.0)
+            )
+
+    async def start_lease(self, batch_id: str, lease_s: float) -> float:
+        """Start the batch's lease now (once its samples are read): its new expiry."""
+        expires = time.time() + lease_s
+        async with transaction(self._engine, f"start the lease of batch {batch_id}") as conn:
+            await conn.execute(
+                update(batches).where(batches.c.id == batch_id).values(lease_expires_at=expires)
+            )
+            await conn.execute(
+                update(group_leases)
+                .where(group_leases.c.batch_id == batch_id, group_leases.c.state == LEASED)
+                .values(lease_expires_at=expires)
+            )
+        return expires
 
     async def ack(self, batch_id: str) -> None:
         async with transaction(self._engine, f"ack batch {batch_id}") as conn:

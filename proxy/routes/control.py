@@ -13,6 +13,7 @@ OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``).
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated
@@ -21,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, field_validator
 
-from kernel.errors import InvalidRequest
+from kernel.errors import InvalidRequest, RecorderUnavailable
 from proxy.adapters.wire import INT64_MAX, INT64_MIN, Name, refuse_unstorable
 from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
 from proxy.settings import Settings
@@ -38,6 +39,7 @@ class _Strict(BaseModel):
 
 
 INT32_MAX = 2**31 - 1  # what an Integer column holds
+FLUSH_TIMEOUT_S = 10.0
 
 
 class CreateRun(_Strict):
@@ -169,13 +171,24 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         state.metrics.sessions_finished.labels(termination=body.termination.value).inc()
         return session_json(session, public_url)
 
+    async def flushed(state: AppState) -> None:
+        """This proxy's turns are in the database (bounded: an outage answers 503)."""
+        try:
+            async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                await state.writer.flush()
+        except TimeoutError:
+            raise RecorderUnavailable(
+                "the recorder is still writing this proxy's turns (is the database down?); "
+                "retry in a while"
+            ) from None
+
     async def get_session(state: AppState, request: Request) -> object:
-        await state.writer.flush()
+        await flushed(state)
         session = await state.store.get_session(request.path_params["session_id"])
         return session_json(session, public_url)
 
     async def trajectory(state: AppState, request: Request) -> object:
-        await state.writer.flush()
+        await flushed(state)
         session = await state.store.get_session(request.path_params["session_id"])
         turns = await state.store.list_turns(session.id)
         relabelled_by = SideRequests.of((t.id, t.side_requests) for t in turns).named_by

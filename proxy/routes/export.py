@@ -31,7 +31,7 @@ import asyncio
 import base64
 import binascii
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -40,13 +40,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernel.errors import InvalidRequest, RecorderError
+from kernel.errors import InvalidRequest, LegoError, RecorderError, RecorderUnavailable
 from proxy.adapters.wire import Name
 from proxy.gate import RunGate
 from proxy.metrics import Metrics
 from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
 from proxy.settings import Settings
 from recorder.export import AlignmentReport, Claim, ExportStore
+from recorder.export import ClaimedGroup as ExportedGroup
 from recorder.export_wire import (
     MEDIA_TYPE,
     BatchHead,
@@ -64,6 +65,9 @@ from recorder.trajectory import build_segments
 from recorder.writer import TurnWriter
 
 CLAIM_FLUSH_TIMEOUT_S = 10.0
+# How long a claim's groups stay held while its samples are read, before the lease proper
+# starts (a server that dies mid-claim hands them back after lease_s plus this).
+CLAIM_READ_GRACE_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,22 +182,42 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             async with asyncio.timeout(CLAIM_FLUSH_TIMEOUT_S):
                 await state.writer.flush()  # this proxy's turns reach the database first
         except TimeoutError:
-            raise RecorderError("the recorder is still writing turns; retry the claim") from None
-        result = await state.exports.claim(run.id, body.groups, body.max_staleness, body.lease_s)
+            raise RecorderUnavailable(
+                "the recorder is still writing turns; retry the claim"
+            ) from None
+        result = await state.exports.claim(
+            run.id, body.groups, body.max_staleness, body.lease_s, read_grace_s=CLAIM_READ_GRACE_S
+        )
         state.metrics.export_claims.labels(outcome="hit" if result.groups else "empty").inc()
         state.metrics.export_claimed_groups.inc(len(result.groups))
         state.metrics.export_stale_groups.inc(result.stale_groups)
         state.metrics.export_lease_expiries.inc(result.reclaimed_groups)
         for group in result.groups:
             state.metrics.export_staleness.observe(group.staleness)
-        session_ids = [sid for group in result.groups for sid in group.session_ids]
-        head = _head(result, wire)
-        if wire == "binv1":
-            frames = _binv1_claim(state, head, session_ids)
+        owner = {sid: group.group_id for group in result.groups for sid in group.session_ids}
+        if wire == "binv1" or result.batch_id is None:
+            head = _head(result, wire, result.groups, result.lease_expires_at)
+            if result.batch_id is None:
+                return claim_body(head, [])
+            frames = _binv1_claim(state, result.batch_id, body.lease_s, head, owner)
             return StreamingResponse(frames, media_type=MEDIA_TYPE)
         # Each sample is encoded as it arrives, while the next one is read.
-        samples = [sample_json(sample, wire) async for sample in _samples(state, session_ids)]
-        return claim_body(head, samples)
+        samples: dict[str, list[dict[str, object]]] = {g.group_id: [] for g in result.groups}
+        broken: set[str] = set()
+        async for session_id, sample in _samples(state, list(owner)):
+            group_id = owner[session_id]
+            if group_id in broken:
+                continue
+            if isinstance(sample, LegoError):
+                broken.add(group_id)
+                await _set_broken(state, result.batch_id, group_id, sample)
+                continue
+            samples[group_id].append(sample_json(sample, wire))
+        kept = [g for g in result.groups if g.group_id not in broken]
+        # The lease runs from now, once the samples are read, however long that took.
+        expires = await state.exports.start_lease(result.batch_id, body.lease_s)
+        head = _head(result, wire, kept, expires)
+        return claim_body(head, [sample for g in kept for sample in samples[g.group_id]])
 
     async def ack(state: ExportState, request: Request) -> object:
         batch_id = str(request.path_params["batch_id"])
@@ -238,55 +262,87 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
     return router
 
 
-def _head(result: Claim, wire: str) -> BatchHead:
+def _head(
+    result: Claim, wire: str, groups: Sequence[ExportedGroup], expires: float | None
+) -> BatchHead:
     return BatchHead(
         batch_id=result.batch_id,
-        lease_expires_at=result.lease_expires_at,
+        lease_expires_at=expires,
         format=wire,
         zero_variance_groups=result.zero_variance_groups,
         stale_groups=result.stale_groups,
         groups=tuple(
-            GroupHead(g.group_id, g.task_id, g.staleness, len(g.session_ids)) for g in result.groups
+            GroupHead(g.group_id, g.task_id, g.staleness, len(g.session_ids)) for g in groups
         ),
     )
 
 
+async def _set_broken(state: ExportState, batch_id: str, group_id: str, error: LegoError) -> None:
+    state.metrics.export_broken_groups.inc()
+    await state.exports.set_broken(batch_id, group_id, error.message)
+
+
 async def _binv1_claim(
-    state: ExportState, head: BatchHead, session_ids: Sequence[str]
+    state: ExportState,
+    batch_id: str,
+    lease_s: float,
+    head: BatchHead,
+    owner: Mapping[str, str],
 ) -> AsyncIterator[bytes | memoryview]:
-    """The claim as binv1 frames: the batch, then each sample as soon as it is read."""
+    """The claim as binv1 frames: the batch, then each sample as soon as it is read.
+
+    The head is sent before any sample is read, so a broken session can only end the body
+    early (the client refuses it): its group is set broken and the batch handed back at
+    once, so the trainer's next claim gets every other group. The lease runs from the end
+    of the body (the head's expiry is a lower bound of it)."""
     for part in binv1_head(head):
         yield part
-    async for sample in _samples(state, session_ids):
+    async for session_id, sample in _samples(state, list(owner)):
+        if isinstance(sample, LegoError):
+            await _set_broken(state, batch_id, owner[session_id], sample)
+            await state.exports.abandon(batch_id)
+            raise sample
         for part in binv1_sample(sample):
             yield part
+    await state.exports.start_lease(batch_id, lease_s)
 
 
-async def _samples(state: ExportState, session_ids: Sequence[str]) -> AsyncIterator[ClaimedSample]:
+async def _samples(
+    state: ExportState, session_ids: Sequence[str]
+) -> AsyncIterator[tuple[str, ClaimedSample | LegoError]]:
     """The samples in order, each read from the database while the previous one is
-    handled (the database and the socket work at the same time)."""
+    handled (the database and the socket work at the same time); a session that cannot
+    be read comes as its error."""
     if not session_ids:
         return
     ahead = asyncio.create_task(_sample(state, session_ids[0]))
     try:
-        for following in [*session_ids[1:], None]:
+        for current, following in zip(session_ids, [*session_ids[1:], None], strict=True):
             sample = await ahead
             if following is not None:
                 ahead = asyncio.create_task(_sample(state, following))
-            yield sample
+            yield current, sample
     finally:
         ahead.cancel()  # the client went away mid-claim: nothing will read it
 
 
-async def _sample(state: ExportState, session_id: str) -> ClaimedSample:
-    session: SessionInfo = await state.store.get_session(session_id)
-    turns = await state.store.list_turn_arrays(session_id)
+async def _sample(state: ExportState, session_id: str) -> ClaimedSample | LegoError:
+    try:
+        session: SessionInfo = await state.store.get_session(session_id)
+        turns = await state.store.list_turn_arrays(session_id)
+        segments = tuple(build_segments(turns))
+    except RecorderError as exc:
+        # Its recorded turns do not chain (a turn missing, arrays that do not align): the
+        # caller sets its group broken; every other group is still delivered.
+        if isinstance(exc, RecorderUnavailable):
+            raise
+        return exc
     return ClaimedSample(
         session_id=session.id,
         sample_index=session.spec.sample_index,
         reward=session.reward,
         termination=session.termination,
-        segments=tuple(build_segments(turns)),
+        segments=segments,
         reward_details=session.reward_details,
     )
 

@@ -127,7 +127,8 @@ async def test_a_turn_nothing_can_make_durable_fails_loudly(
     session = await new_session(store)
     journal_spool = FullDisk.open(tmp_path / "journal")
     spool = FullDisk.open(tmp_path / "spool")
-    assert isinstance(journal_spool, FullDisk) and isinstance(spool, FullDisk)
+    assert isinstance(journal_spool, FullDisk)
+    assert isinstance(spool, FullDisk)
     journal_spool.full = spool.full = True
     writer = TurnWriter(
         store,
