@@ -49,6 +49,7 @@ from proxy.canonical import (
     TurnFinished,
     Usage,
 )
+from proxy.conversation_rules import check_conversation
 from proxy.conversations import ConversationBook, recorded_requests
 from proxy.gate import RunGate
 from proxy.ledger import Classification, ForkReason, LedgerBook, PromptPlan
@@ -163,6 +164,7 @@ class Pipeline:
     async def prepare(self, session: SessionInfo, request: ChatRequest) -> PreparedTurn:
         """Plan the prompt ids with the ledger; nothing is sent or recorded yet."""
         started = time.perf_counter()
+        check_conversation(request)
         spec = session.spec
         prompt_budget = self._settings.context_length - 1
         if spec.max_prompt_tokens is not None:

@@ -262,6 +262,14 @@ def _messages(body: _Body, signer: ReasoningSigner, ignored: set[str]) -> tuple[
     for i, msg in enumerate(body.messages):
         param = f"messages[{i}].content"
         content = msg.content
+        final_assistant = msg.role == "assistant" and i == len(body.messages) - 1
+        if not content and not final_assistant:
+            # As the Messages API: only a final assistant prefill may be empty.
+            raise InvalidRequest(
+                f"messages[{i}]: all messages must have non-empty content except for the "
+                "optional final assistant message",
+                param=param,
+            )
         if msg.role == "assistant":
             blocks = [_Block(type="text", text=content)] if isinstance(content, str) else content
             out.append(_assistant_turn(blocks, param, signer, ignored))

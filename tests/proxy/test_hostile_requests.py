@@ -5,6 +5,7 @@ is blocked, and a prompt group is exported only once it is complete.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -12,7 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
+from recorder.export_wire import decode_claim
+from recorder.store import Store
 from tests.proxy.conftest import Proxy
+from tests.recorder.builders import make_turn
 
 HUGE = 2**64
 
@@ -242,3 +246,108 @@ def test_a_closed_group_takes_no_more_sessions_and_exports_when_finished(proxy: 
         assert finish(proxy, session["id"]).status_code == 200
     claim = proxy.admin.post(f"/api/v1/runs/{run}/claims", json={"groups": 1}).json()
     assert len(claim["groups"][0]["samples"]) == 2
+
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "extra", "param"),
+    [
+        ([{"role": "tool", "tool_call_id": "nobody", "content": "x"}], {}, "tool_call_id"),
+        (
+            [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL, CALL]},
+            ],
+            {},
+            "tool_calls[1]",
+        ),
+        (
+            [
+                {"role": "user", "content": "go"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [CALL | {"function": {"name": "bash", "arguments": "{oops"}}],
+                },
+            ],
+            {},
+            "arguments",
+        ),
+        ([{"role": "user", "content": "hi"}], {"stop": [""]}, "stop"),
+    ],
+)
+def test_conversations_the_upstream_apis_refuse_are_a_400(
+    proxy: Proxy, messages: list[dict[str, Any]], extra: dict[str, Any], param: str
+) -> None:
+    session = new_session(proxy, new_run(proxy))
+    error = openai_error(chat(proxy, session["key"], messages=messages, **extra))
+    assert param in error["param"], error
+    assert proxy.trajectory(session["id"])["turns"] == []  # nothing was generated
+
+
+def test_an_anthropic_message_with_empty_content_is_a_400(proxy: Proxy) -> None:
+    session = new_session(proxy, new_run(proxy))
+    empty: list[object] = ["", []]
+    for content in empty:
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": content}]}
+        response = post(proxy, session["key"], "messages", body)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+async def record_a_broken_turn(proxy: Proxy, session_id: str) -> None:
+    """A turn that continues one the database never got (what a lost turn leaves)."""
+    store = await Store.open(proxy.settings.effective_database_url)
+    try:
+        orphan = dataclasses.replace(
+            make_turn(session_id, 10**15, prompt=(1, 2, 3, 4)),
+            parent_turn_id="a-turn-that-was-never-recorded",
+            classification="extend",
+            reused_prefix_len=2,
+        )
+        await store.write_turns([orphan])
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("wire", ["json", "binv1"])
+async def test_a_broken_session_never_blocks_a_runs_export(proxy: Proxy, wire: str) -> None:
+    run = new_run(proxy)
+    broken = new_session(proxy, run, "broken")
+    healthy = new_session(proxy, run, "healthy")
+    assert chat(proxy, healthy["key"]).status_code == 200
+    await record_a_broken_turn(proxy, broken["id"])
+    for session in (broken, healthy):
+        assert finish(proxy, session["id"]).status_code == 200
+    url = f"/api/v1/runs/{run}/claims?format={wire}"
+    if wire == "binv1":
+        # The head went out before the broken session was read: the body ends early (the
+        # client refuses it), and the batch is handed back at once.
+        with pytest.raises(httpx.RemoteProtocolError):
+            proxy.admin.post(url, json={"groups": 10})
+    first = proxy.admin.post(url, json={"groups": 10})
+    assert first.status_code == 200, first.text
+    batch = decode_claim(first.content)
+    assert [g.group_id for g in batch.groups] == ["healthy"]
+    assert batch.batch_id is not None
+    proxy.admin.post(f"/api/v1/batches/{batch.batch_id}/ack").raise_for_status()
+    again = proxy.admin.post(url, json={"groups": 10})
+    assert decode_claim(again.content).groups == ()  # the broken group is never handed out
+    metrics = proxy.admin.get("/metrics").text
+    assert "lego_export_broken_groups_total" in metrics
+
+
+def test_a_claims_lease_starts_once_its_samples_are_read(proxy: Proxy) -> None:
+    run = new_run(proxy)
+    for index in range(20):
+        session = new_session(proxy, run, f"lease-{index}")
+        assert chat(proxy, session["key"]).status_code == 200
+        assert finish(proxy, session["id"]).status_code == 200
+    response = proxy.admin.post(f"/api/v1/runs/{run}/claims", json={"groups": 20, "lease_s": 1})
+    received = time.time()
+    body = response.raise_for_status().json()
+    assert len(body["groups"]) == 20
+    # The lease runs from when the samples were read, not from when the claim began.
+    assert body["lease_expires_at"] > received
+    assert proxy.admin.post(f"/api/v1/batches/{body['batch_id']}/ack").status_code == 200

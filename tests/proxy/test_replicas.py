@@ -438,3 +438,50 @@ def test_a_pause_sent_to_one_replica_holds_turns_on_every_replica(
                 f"{group.url(index)}/s/{key}/v1/chat/completions", json=chat, timeout=60
             )
             assert answered.status_code == 200, answered.text
+
+
+def test_finish_is_a_barrier_on_every_replica(
+    shared_database: str, loop_engine_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 16, item 6: a turn served by one replica is in the export of a finish and a
+    claim sent at once to another, and a finished session takes no turn anywhere."""
+    with replicas(
+        2,
+        database_url=shared_database,
+        backend_url=loop_engine_url,
+        model_dir=model_dir,
+        root=tmp_path,
+    ) as group:
+        serving, finishing = group.url(1), group.url(0)
+        with admin(finishing) as client:
+            run = client.post("/api/v1/runs", json={"name": f"barrier-{uuid.uuid4().hex[:8]}"})
+            run_id = run.raise_for_status().json()["id"]
+            chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            sessions = []
+            for index in range(8):
+                body = {"task_id": "t", "group_id": f"g{index}"}
+                session = client.post(f"/api/v1/runs/{run_id}/sessions", json=body).json()
+                served = httpx.post(
+                    f"{serving}/s/{session['key']}/v1/chat/completions", json=chat, timeout=60
+                )
+                assert served.status_code == 200, served.text
+                # At once, on the other replica: the turn is already in the database.
+                assert len(trajectory(finishing, session["id"])["turns"]) == 1
+                client.post(
+                    f"/api/v1/sessions/{session['id']}/finish",
+                    json={"termination": "completed", "reward": 1.0},
+                ).raise_for_status()
+                sessions.append(session)
+            claim = client.post(f"/api/v1/runs/{run_id}/claims", json={"groups": 100})
+            groups = claim.raise_for_status().json()["groups"]
+        assert len(groups) == len(sessions)
+        for claimed in groups:
+            (sample,) = claimed["samples"]
+            (segment,) = sample["segments"]
+            assert len(segment["turn_ids"]) == 1
+        # The replica that served them learns of the finish on the very next turn.
+        late = httpx.post(
+            f"{serving}/s/{sessions[0]['key']}/v1/chat/completions", json=chat, timeout=60
+        )
+        assert late.status_code == 409, late.text
+        assert late.json()["error"]["code"] == "conflict"
