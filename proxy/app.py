@@ -33,6 +33,7 @@ from proxy.embedded import EmbeddedEngine
 from proxy.gate import RunGate
 from proxy.ledger import LedgerBook
 from proxy.metrics import Metrics
+from proxy.openapi import describe
 from proxy.pipeline import Pipeline
 from proxy.readiness import check_readiness
 from proxy.render import load_tokenizer
@@ -183,6 +184,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(control.build_router(settings, chat_adapter.error_response))
     app.include_router(export.build_router(settings, chat_adapter.error_response))
     app.include_router(ui.build_router(settings))
+    describe(app)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -208,11 +210,16 @@ def create_app(settings: Settings) -> FastAPI:
         error: LegoError = (
             NotFound(f"no route {request.method} {request.url.path}")
             if exc.status_code == 404
-            else LegoError(str(exc.detail))
+            else LegoError(f"{exc.detail} ({request.method} {request.url.path})")
         )
         if exc.status_code != 404:
             error.status = exc.status_code
-        status, content = chat_adapter.error_response(error)
-        return Response(content, status_code=status, media_type="application/json")
+            error.code = "method_not_allowed" if exc.status_code == 405 else "http_error"
+        # The Messages routes answer in Anthropic's shape, whatever went wrong.
+        anthropic = "/v1/messages" in request.url.path
+        adapter = messages_adapter if anthropic else chat_adapter
+        status, content = adapter.error_response(error)
+        headers = {"allow": exc.headers["allow"]} if exc.headers and "allow" in exc.headers else {}
+        return Response(content, status_code=status, media_type="application/json", headers=headers)
 
     return app

@@ -470,6 +470,7 @@ class AnthropicMessagesAdapter:
     """Anthropic Messages <-> canonical; holds only the signer, so one instance serves all."""
 
     name = "anthropic_messages"
+    request_model: type[Wire] = _Body  # what the OpenAPI document describes
 
     def __init__(self, signer: ReasoningSigner) -> None:
         self._signer = signer

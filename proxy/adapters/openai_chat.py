@@ -431,6 +431,7 @@ class OpenAIChatAdapter:
     """OpenAI Chat Completions <-> canonical; stateless, so one instance serves every request."""
 
     name = "openai_chat"
+    request_model: type[Wire] = _Body  # what the OpenAPI document describes
 
     # -- request --------------------------------------------------------------
     def parse_request(self, body: bytes) -> ChatRequest:

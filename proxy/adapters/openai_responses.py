@@ -535,6 +535,7 @@ class OpenAIResponsesAdapter:
     """OpenAI Responses <-> canonical; holds only the signer, so one instance serves all."""
 
     name = "openai_responses"
+    request_model: type[Wire] = _Body  # what the OpenAPI document describes
 
     def __init__(self, signer: ReasoningSigner) -> None:
         self._signer = signer

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, fi
 
 from kernel.errors import InvalidRequest, RecorderUnavailable
 from proxy.adapters.wire import INT64_MAX, INT64_MIN, Name, refuse_unstorable
+from proxy.openapi import json_body
 from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
 from proxy.settings import Settings
 from proxy.state import AppState
@@ -234,12 +235,24 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             ],
         }
 
-    router.add_api_route("/runs", admin(create_run), methods=["POST"])
-    router.add_api_route("/runs/{run_id}/sessions", admin(create_session), methods=["POST"])
+    router.add_api_route(
+        "/runs", admin(create_run), methods=["POST"], openapi_extra=json_body(CreateRun)
+    )
+    router.add_api_route(
+        "/runs/{run_id}/sessions",
+        admin(create_session),
+        methods=["POST"],
+        openapi_extra=json_body(CreateSession),
+    )
     router.add_api_route(
         "/runs/{run_id}/groups/{group_id}/close", admin(close_group), methods=["POST"]
     )
-    router.add_api_route("/sessions/{session_id}/finish", admin(finish_session), methods=["POST"])
+    router.add_api_route(
+        "/sessions/{session_id}/finish",
+        admin(finish_session),
+        methods=["POST"],
+        openapi_extra=json_body(FinishSession),
+    )
     router.add_api_route("/sessions/{session_id}", admin(get_session), methods=["GET"])
     router.add_api_route("/sessions/{session_id}/trajectory", admin(trajectory), methods=["GET"])
     return router

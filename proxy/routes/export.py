@@ -44,6 +44,7 @@ from kernel.errors import InvalidRequest, LegoError, RecorderError, RecorderUnav
 from proxy.adapters.wire import Name
 from proxy.gate import RunGate
 from proxy.metrics import Metrics
+from proxy.openapi import json_body
 from proxy.routes.admin_api import ErrorRenderer, admin_endpoint, parse_body, session_json
 from proxy.settings import Settings
 from recorder.export import AlignmentReport, Claim, ExportStore
@@ -250,14 +251,26 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         return {"reports": [_alignment_json(r) for r in reports]}
 
     runs = "/runs/{run_id}"
-    router.add_api_route(f"{runs}/weight_versions", admin(announce), methods=["POST"])
+    router.add_api_route(
+        f"{runs}/weight_versions",
+        admin(announce),
+        methods=["POST"],
+        openapi_extra=json_body(AnnounceVersion),
+    )
     router.add_api_route(f"{runs}/weight_versions", admin(versions), methods=["GET"])
     router.add_api_route(f"{runs}/pause", admin(pause), methods=["POST"])
     router.add_api_route(f"{runs}/resume", admin(resume), methods=["POST"])
     router.add_api_route(f"{runs}/trajectories", admin(trajectories), methods=["GET"])
-    router.add_api_route(f"{runs}/claims", admin(claim), methods=["POST"])
+    router.add_api_route(
+        f"{runs}/claims", admin(claim), methods=["POST"], openapi_extra=json_body(ClaimBody)
+    )
     router.add_api_route("/batches/{batch_id}/ack", admin(ack), methods=["POST"])
-    router.add_api_route(f"{runs}/alignment", admin(post_alignment), methods=["POST"])
+    router.add_api_route(
+        f"{runs}/alignment",
+        admin(post_alignment),
+        methods=["POST"],
+        openapi_extra=json_body(AlignmentBody),
+    )
     router.add_api_route(f"{runs}/alignment", admin(get_alignment), methods=["GET"])
     return router
 

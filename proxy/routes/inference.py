@@ -32,6 +32,7 @@ from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter, count_to
 from proxy.adapters.base import Adapter, StreamState
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter
 from proxy.canonical import AssistantTurn, ChatRequest, OutputEvent, collect
+from proxy.openapi import json_body
 from proxy.pipeline import PreparedTurn
 from proxy.routes.responses_state import resolve_previous_response
 from proxy.state import AppState
@@ -269,14 +270,30 @@ def build_router(
         return Response(status_code=200)
 
     for prefix in ("", "/s/{key}"):
-        router.add_api_route(f"{prefix}/v1/chat/completions", turn_route(chat), methods=["POST"])
+        router.add_api_route(
+            f"{prefix}/v1/chat/completions",
+            turn_route(chat),
+            methods=["POST"],
+            openapi_extra=json_body(chat.request_model),
+        )
         router.add_api_route(f"{prefix}/v1/models", models, methods=["GET"])
-        router.add_api_route(f"{prefix}/v1/messages", turn_route(messages), methods=["POST"])
-        router.add_api_route(f"{prefix}/v1/messages/count_tokens", count_tokens, methods=["POST"])
+        router.add_api_route(
+            f"{prefix}/v1/messages",
+            turn_route(messages),
+            methods=["POST"],
+            openapi_extra=json_body(messages.request_model),
+        )
+        router.add_api_route(
+            f"{prefix}/v1/messages/count_tokens",
+            count_tokens,
+            methods=["POST"],
+            openapi_extra=json_body(messages.request_model),
+        )
         router.add_api_route(
             f"{prefix}/v1/responses",
             turn_route(responses, resolve_previous_response),
             methods=["POST"],
+            openapi_extra=json_body(responses.request_model),
         )
         router.add_api_route(f"{prefix}/", preconnect, methods=["HEAD"])
     router.add_api_route("/s/{key}", preconnect, methods=["HEAD"])
