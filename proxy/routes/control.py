@@ -1,7 +1,10 @@
 """Control API for orchestrators and trainers (admin key): runs, sessions, trajectories.
 
 Owns the control API's wire models and routes. Errors use the same envelope as the
-OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``).
+OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``). A session's
+``group_size`` declares how many samples its prompt group has; closing a group says it
+has them all (``recorder.groups`` owns the rules; a session that may not join is 409).
+Reads flush this proxy's turn writer first, for at most ``FLUSH_TIMEOUT_S`` (then 503).
 
     POST /api/v1/runs                          {"name"}                       -> run
     POST /api/v1/runs/{run_id}/sessions        {"task_id", "group_id", ...}   -> session + key

@@ -20,6 +20,12 @@ three forms (``json`` numbers, ``b64v1`` base64 text, ``binv1`` raw bytes in a f
 that streams sample by sample) are ``recorder.export_wire``'s. A binv1 claim that fails
 after its first byte ends the connection early, which its client detects (the batch's
 lease then expires as usual).
+A claim delivers only complete groups (``recorder.groups``: the declared ``group_size``
+reached, or the group closed, and every session finished). Its lease starts once its
+samples are read (``lease_expires_at``; in ``binv1`` the head's value is a lower bound, the
+lease running from the end of the body). A group one of whose sessions cannot be read into
+a sample is set broken and left out for good (``lego_export_broken_groups``), so one broken
+session never blocks a run's export.
 A claim response also carries ``stale_groups``: complete groups held back by
 ``max_staleness`` (they stay in the pool). The latest alignment step of each run is
 exported as ``lego_alignment_<metric>{run}`` gauges.
