@@ -6,16 +6,16 @@ line and a few seconds instead of a traceback after the local engine's start-up:
 1. the port (``LEGO_HOST``/``LEGO_PORT``) is free to bind;
 2. the database URL names a supported driver (``postgresql://`` is not one; the message
    names the ones that are);
-3. no other live proxy holds this proxy's spool under ``LEGO_DATA_DIR`` (a second
-   ``serve`` on the same data dir and port);
-4. the tokenizer that renders prompts loads and its chat template passes the ledger's
+3. the database answers within ``DATABASE_TIMEOUT_S`` and is brought to the current
+   schema (before the tokenizer: building the tiny model takes seconds);
+4. no other live proxy holds this proxy's spool for that database under ``LEGO_DATA_DIR``
+   (a second ``serve`` on the same data dir and port);
+5. the tokenizer that renders prompts loads and its chat template passes the ledger's
    self-check (``proxy.served_template``, which also reads off the tool-call format):
    ``LEGO_TOKENIZER_PATH``,
    or the tiny model the embedded engine serves (built here on first use, which needs
    torch); with ``LEGO_BACKEND_URL`` and no tokenizer path, the tiny model's tokenizer is
-   used only in development and only when it exists;
-5. the database answers within ``DATABASE_TIMEOUT_S`` and is brought to the current
-   schema (checked before the tokenizer: building the tiny model takes seconds).
+   used only in development and only when it exists.
 
 Contract: ``preflight(settings)`` raises ``ConfigurationError`` with one line that says
 what to change, or returns a ``Preflight`` holding the tokenizer directory and the lines
@@ -33,12 +33,12 @@ from pathlib import Path
 
 from kernel.errors import ConfigurationError, LegoError
 from kernel.paths import default_model_dir
-from proxy.app import spool_directory
 from proxy.served_template import served_template
 from proxy.settings import DEV_ADMIN_KEY, Settings
 from recorder.database import display_url, parse_url
+from recorder.disks import RecorderDisks
 from recorder.migrate import upgrade_database
-from recorder.spool import Spool
+from recorder.store import Store
 
 DATABASE_TIMEOUT_S = 15.0
 
@@ -52,9 +52,9 @@ class Preflight:
 def preflight(settings: Settings) -> Preflight:
     _check_port(settings)
     database = _check_database_url(settings)
-    _check_spool(settings)
     # Before the tokenizer: the first start builds the tiny model, which takes seconds.
-    asyncio.run(_upgrade(settings.effective_database_url, database))
+    identity = asyncio.run(_upgrade(settings.effective_database_url, database))
+    _check_spool(settings, identity)
     tokenizer = _tokenizer_path(settings)
     try:
         # Loads the tokenizer, runs the ledger's self-check on its chat template and reads
@@ -97,15 +97,15 @@ def _check_database_url(settings: Settings) -> str:
     return display_url(url)
 
 
-def _check_spool(settings: Settings) -> None:
-    directory = spool_directory(settings)
+def _check_spool(settings: Settings, identity: str) -> None:
+    disks = RecorderDisks(settings.data_dir, identity)
     try:
-        Spool.open(directory).close()
+        disks.spool(settings.port).close()
     except LegoError:
         raise ConfigurationError(
             f"another lego-proxy on port {settings.port} is using LEGO_DATA_DIR="
-            f"{settings.data_dir} (its spool {directory} is locked): stop it, or give this "
-            "one another LEGO_DATA_DIR or LEGO_PORT"
+            f"{settings.data_dir} for this database (its spool is locked): stop it, or give "
+            "this one another LEGO_DATA_DIR or LEGO_PORT"
         ) from None
     except OSError as exc:
         raise ConfigurationError(
@@ -144,10 +144,16 @@ def _tokenizer_path(settings: Settings) -> Path:
     return ensure_tiny_model(tiny)
 
 
-async def _upgrade(url: str, shown: str) -> None:
+async def _upgrade(url: str, shown: str) -> str:
+    """Bring the database to the current schema; its identity (what spools are kept under)."""
     try:
         async with asyncio.timeout(DATABASE_TIMEOUT_S):
             await upgrade_database(url)
+            store = await Store.open(url)
+            try:
+                return await store.identity()
+            finally:
+                await store.close()
     except TimeoutError:
         raise ConfigurationError(
             f"the database at {shown} did not answer within {DATABASE_TIMEOUT_S:.0f} s "

@@ -19,6 +19,8 @@ The core raises these; nothing returns errors as values. Each wire adapter maps 
     │   └── BackendUnavailable     503  the backend cannot be reached
     ├── BackendMisconfigured       500  a backend worker cannot serve what the proxy needs
     ├── RecorderError              500  the database refused a control-plane write
+    │   └── RecorderUnavailable    503  nothing can make a turn durable, or the recorder is
+    │                                   still catching up; retry after a while
     ├── ServerDidNotStart          500  a child server exited or never answered (kernel.process)
     ├── ConfigurationError         500  settings or surroundings a process cannot start with
     └── PostgresUnavailable        500  no scratch Postgres here (recorder.scratch_postgres)
@@ -147,3 +149,8 @@ class ConfigurationError(LegoError):
     (the command line prints it as one line and exits before starting anything)."""
 
     code = "configuration_error"
+
+
+class RecorderUnavailable(RecorderError):
+    status = 503
+    code = "recorder_unavailable"

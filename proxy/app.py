@@ -16,11 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from time import time_ns
 
 import httpx
 import orjson
@@ -41,17 +39,19 @@ from proxy.embedded import EmbeddedEngine
 from proxy.gate import RunGate
 from proxy.ledger import LedgerBook
 from proxy.metrics import Metrics
+from proxy.openapi import describe
 from proxy.pipeline import Pipeline
 from proxy.readiness import check_readiness
 from proxy.routes import control, export, inference, ui
+from proxy.routes.auth import is_admin
 from proxy.served_template import served_template
 from proxy.sessions import SessionCache
 from proxy.settings import Settings
 from proxy.state import AppState
+from recorder.disks import RecorderDisks
 from recorder.export import ExportStore
 from recorder.journal import Journal
 from recorder.migrate import upgrade_database
-from recorder.spool import Spool
 from recorder.store import Store
 from recorder.writer import TurnWriter
 
@@ -84,12 +84,6 @@ async def _sync_pauses(
             # keeps its last known state until the next poll succeeds.
             metrics.pause_sync_failures.inc()
         await asyncio.sleep(settings.pause_sync_s)
-
-
-def spool_directory(settings: Settings) -> Path:
-    """This proxy's spool: one per host and port, so a restart finds its own, and a second
-    proxy on the same data dir and port is refused (the spool is locked while one lives)."""
-    return settings.data_dir / "spool" / f"{socket.gethostname()}-{settings.port}"
 
 
 def _allowed_methods(request: Request) -> list[str]:
@@ -155,25 +149,16 @@ def create_app(settings: Settings) -> FastAPI:
             tokenizer = template.tokenizer
             _log.info("tool-call format %s (%s)", template.tool_parser, template.tool_parser_source)
             await upgrade_database(settings.effective_database_url)
-            # One spool directory per proxy (host + port), so a restart finds its own spool;
-            # spools of proxies that died elsewhere under the same root are adopted too.
-            spool = Spool.open(spool_directory(settings))
-            spool_root = spool.directory.parent
-            orphans = list(Spool.orphans(spool_root, spool.directory))
-            # The journal is per process start: what a killed proxy journaled is an orphan
-            # that this writer replays (idempotently) before anything else.
-            journal_root = settings.data_dir / "journal"
-            journal = (
-                Journal(
-                    Spool.open(journal_root / f"{socket.gethostname()}-{settings.port}-{time_ns()}")
-                )
-                if settings.journal
-                else None
-            )
-            own_journal = journal.directory if journal is not None else journal_root / "-"
-            orphans += Spool.orphans(journal_root, own_journal)
+            disks = RecorderDisks(settings.data_dir, await store.identity())
+            spool = disks.spool(settings.port)
+            journal = Journal(disks.journal(settings.port)) if settings.journal else None
             writer = TurnWriter(
-                store, spool=spool, orphans=orphans, journal=journal, metrics=metrics.recorder
+                store,
+                spool=spool,
+                orphans=disks.orphans(),
+                journal=journal,
+                quarantine=disks.quarantine(settings.port),
+                metrics=metrics.recorder,
             )
             writer.start()
             gate = RunGate(
@@ -232,11 +217,13 @@ def create_app(settings: Settings) -> FastAPI:
             if engine is not None:
                 await engine.stop()
 
+    admin_key = settings.effective_admin_key.encode()
     app = FastAPI(title="lego-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.include_router(inference.build_router(chat_adapter, messages_adapter, responses_adapter))
     app.include_router(control.build_router(settings, chat_adapter.error_response))
     app.include_router(export.build_router(settings, chat_adapter.error_response))
     app.include_router(ui.build_router(settings))
+    describe(app)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -245,9 +232,10 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/readyz")
     async def readyz(request: Request) -> Response:
         state: AppState = request.app.state.lego
-        verdict = await check_readiness(state.store, request.app.state.lego_backend)
+        verdict = await check_readiness(state.store, request.app.state.lego_backend, state.writer)
+        detailed = is_admin(request.headers.get("authorization", ""), admin_key)
         return Response(
-            orjson.dumps(verdict.to_json()),
+            orjson.dumps(verdict.to_json(detailed=detailed)),
             status_code=200 if verdict.ready else 503,
             media_type="application/json",
         )
@@ -281,9 +269,13 @@ def create_app(settings: Settings) -> FastAPI:
             error = MethodNotAllowed(f"{where}: the method is not allowed (allowed: {allowed})")
             headers = {"allow": allowed}
         else:
-            error = LegoError(str(exc.detail))
+            error = LegoError(f"{exc.detail} ({where})")
             error.status = exc.status_code
-        status, content = chat_adapter.error_response(error)
+            error.code = "http_error"
+        # The Messages routes answer in Anthropic's shape, whatever went wrong.
+        anthropic = "/v1/messages" in request.url.path
+        adapter = messages_adapter if anthropic else chat_adapter
+        status, content = adapter.error_response(error)
         return Response(content, status_code=status, media_type="application/json", headers=headers)
 
     return app

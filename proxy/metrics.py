@@ -3,6 +3,12 @@
 Owns the proxy's metric names and labels. ``create_app`` builds one ``Metrics`` and
 everything that counts gets it passed in; ``/metrics`` renders its registry, which also
 holds the recorder's metrics (``recorder.metrics``, registered here as ``recorder``).
+
+Every label whose values come from a caller is bounded, so no request can grow the series
+without limit (a scrape must stay small and fast): ``ignored_field(name)`` gives the label
+for a request field name, the first ``MAX_FIELD_LABELS`` distinct names as themselves
+(up to ``MAX_LABEL_CHARS`` characters), every later one as ``OTHER``; at most
+``MAX_ALIGNMENT_METRICS`` alignment gauges exist, later metric names are not exported.
 """
 
 from __future__ import annotations
@@ -12,6 +18,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from recorder.metrics import LATENCY_BUCKETS, RecorderMetrics
 
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32)
+MAX_FIELD_LABELS = 128
+MAX_LABEL_CHARS = 64
+MAX_ALIGNMENT_METRICS = 64
+OTHER = "_other"
 
 
 class Metrics:
@@ -134,6 +144,11 @@ class Metrics:
             buckets=_STALENESS_BUCKETS,
             registry=r,
         )
+        self.export_broken_groups = Counter(
+            "lego_export_broken_groups",
+            "Groups left out of exports for good: a session's recorded turns do not chain.",
+            registry=r,
+        )
         self.export_stale_groups = Counter(
             "lego_export_stale_groups",
             "Complete groups held back by a claim's max_staleness.",
@@ -152,12 +167,25 @@ class Metrics:
             registry=r,
         )
         self._alignment: dict[str, Gauge] = {}
+        self._field_labels: set[str] = set()
 
-    def alignment_gauge(self, metric: str) -> Gauge:
+    def ignored_field(self, name: str) -> str:
+        """The bounded label of an ignored request field (see the module docstring)."""
+        if name in self._field_labels:
+            return name
+        if len(name) > MAX_LABEL_CHARS or len(self._field_labels) >= MAX_FIELD_LABELS:
+            return OTHER
+        self._field_labels.add(name)
+        return name
+
+    def alignment_gauge(self, metric: str) -> Gauge | None:
         """``lego_alignment_<metric>{run}``, created on first use (metric names come from
-        the trainer's report; non-identifier characters become ``_``)."""
+        the trainer's report; non-identifier characters become ``_``); None past the
+        bound."""
         name = "".join(c if c.isalnum() or c == "_" else "_" for c in metric).lower()
         gauge = self._alignment.get(name)
+        if gauge is None and len(self._alignment) >= MAX_ALIGNMENT_METRICS:
+            return None
         if gauge is None:
             gauge = Gauge(
                 f"lego_alignment_{name}",

@@ -12,7 +12,10 @@ Contract:
 - ``run`` yields ``OutputEvent``s as the backend produces tokens and ends with one
   ``TurnFinished``. Every backend generation it started is recorded exactly once: a
   completed turn is committed to the ledger (so the next request can extend it) and
-  handed to the recorder before that last event; a turn that ends otherwise is recorded
+  handed to the recorder before that last event, which waits (boundedly) until the turn is
+  durable: in the database when it is up, so every replica sees it before the harness
+  does; a turn the recorder cannot make durable, or that the database took after its
+  session was finished, raises instead of ending; a turn that ends otherwise is recorded
   when the generator ends, ``failed`` when the backend or the parser failed (the error is
   re-raised for the adapter), ``cancelled`` when the consumer went away (the backend
   request is aborted by ``rid``).
@@ -31,7 +34,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from kernel.errors import BackendError, ContextLengthExceeded, LegoError
+from kernel.errors import BackendError, Conflict, ContextLengthExceeded, LegoError
 from proxy.backend import Finish, GenerateCall, GenerationEnd, SGLangBackend
 from proxy.backend_wire import GenerationDelta
 from proxy.canonical import (
@@ -47,6 +50,7 @@ from proxy.canonical import (
     TurnFinished,
     Usage,
 )
+from proxy.conversation_rules import check_conversation
 from proxy.conversations import ConversationBook, recorded_requests
 from proxy.gate import RunGate
 from proxy.ledger import Classification, ForkReason, LedgerBook, PromptPlan
@@ -57,7 +61,7 @@ from proxy.settings import Settings, ToolParser
 from proxy.tokens import TokenIds
 from recorder.records import RoutedExperts, SessionInfo, TurnRecord, TurnStatus, TurnTimings
 from recorder.store import Store
-from recorder.writer import TurnWriter
+from recorder.writer import Durability, TurnWriter
 
 # Keys the orchestrator may pin per session, in canonical names, and their SGLang names.
 SESSION_SAMPLING_KEYS = {
@@ -164,16 +168,17 @@ class Pipeline:
     async def prepare(self, session: SessionInfo, request: ChatRequest) -> PreparedTurn:
         """Plan the prompt ids with the ledger; nothing is sent or recorded yet."""
         started = time.perf_counter()
-        plan = self._ledger.plan(session.id, request)
-        if _may_be_stale(plan, request) or self._ledger.was_dropped(session.id):
-            plan = await self._replan_if_stale(session, request, plan)
-        prompt = plan.prompt_ids
+        check_conversation(request)
         spec = session.spec
         # The tightest of LEGO_CONTEXT_LENGTH and what every backend worker accepts.
         limits = self._backend.limits
         prompt_budget = limits.max_prompt_tokens
         if spec.max_prompt_tokens is not None:
             prompt_budget = min(prompt_budget, spec.max_prompt_tokens)
+        plan = await self._plan(session, request, prompt_budget)
+        if _may_be_stale(plan, request) or self._ledger.was_dropped(session.id):
+            plan = await self._replan_if_stale(session, request, plan, prompt_budget)
+        prompt = plan.prompt_ids
         if len(prompt) > prompt_budget:
             raise ContextLengthExceeded(
                 f"the prompt is {len(prompt)} tokens, over this session's budget of "
@@ -198,8 +203,12 @@ class Pipeline:
             started=started,
         )
 
+    async def _plan(self, session: SessionInfo, request: ChatRequest, budget: int) -> PromptPlan:
+        # Rendering a large request runs off the event loop (proxy.ledger.book).
+        return await self._ledger.plan_off_loop(session.id, request, max_prompt_tokens=budget)
+
     async def _replan_if_stale(
-        self, session: SessionInfo, request: ChatRequest, plan: PromptPlan
+        self, session: SessionInfo, request: ChatRequest, plan: PromptPlan, budget: int
     ) -> PromptPlan:
         """Rebuild the session's ledger from the database when it missed recorded turns.
 
@@ -220,7 +229,7 @@ class Pipeline:
                     self._ledger.load(session.id, turns, requests)
                     self._conversations.load(session.id, turns, requests)
                     self._metrics.ledger_reloads.labels(outcome="reloaded").inc()
-                    plan = self._ledger.plan(session.id, request)
+                    plan = await self._plan(session, request, budget)
                     if not _may_be_stale(plan, request):
                         return plan
             except (TimeoutError, LegoError):
@@ -292,7 +301,14 @@ class Pipeline:
                 request,
                 answer,
             )
-            await asyncio.shield(self._writer.submit_durable(record))
+            durability = await asyncio.shield(self._writer.submit_durable(record))
+            if durability is Durability.LATE:
+                # Another replica finished the session while this turn ran: the turn is
+                # recorded failed, and the harness must not take it as answered.
+                raise Conflict(
+                    f"session {turn.session.id} was finished while this turn ran; the "
+                    "turn is recorded as failed"
+                )
             yield finished
         except (asyncio.CancelledError, GeneratorExit):
             if not recorded:

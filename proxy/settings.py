@@ -1,7 +1,9 @@
 """The proxy's one settings class (env prefix ``LEGO_``), validated at start-up.
 
-Outside development (``LEGO_ENV`` other than ``development``) an admin key is required and
-must not be the development default.
+Outside development (``LEGO_ENV`` other than ``development``) an admin key is required, must
+not be the development default, and must be at least ``MIN_ADMIN_KEY_CHARS`` characters.
+Whitespace around the key is dropped (a key read from a secret file usually ends with a
+newline, which no ``Authorization`` header or login form can carry).
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ import hashlib
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.lru import DEFAULT_MAX_SESSIONS
 
 DEV_ADMIN_KEY = "lego-dev-admin-key"
+MIN_ADMIN_KEY_CHARS = 16
 
 
 class ToolParser(StrEnum):
@@ -144,12 +147,24 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("admin_key")
+    @classmethod
+    def _strip_key(cls, value: str | None) -> str | None:
+        return value.strip() if value is not None else None
+
     @model_validator(mode="after")
     def _check_safe(self) -> Settings:
-        if self.env != "development" and self.admin_key in (None, "", DEV_ADMIN_KEY):
+        if self.env == "development":
+            return self
+        if self.admin_key in (None, "", DEV_ADMIN_KEY):
             raise ValueError(
                 "LEGO_ADMIN_KEY must be set to a non-default secret when LEGO_ENV is not "
                 "'development'"
+            )
+        if len(self.admin_key or "") < MIN_ADMIN_KEY_CHARS:
+            raise ValueError(
+                f"LEGO_ADMIN_KEY must be at least {MIN_ADMIN_KEY_CHARS} characters when "
+                "LEGO_ENV is not 'development' (e.g. `openssl rand -hex 32`)"
             )
         return self
 

@@ -12,8 +12,12 @@ Owns the dialect policy shared by the store and the migrator:
 Both hide statement parameters from error messages: they hold harness conversations.
 Any other driver is refused with ``InvalidRequest``. ``transaction(engine, action)`` is the
 one place database failures become the project's errors: a clash with an existing row is
-``Conflict``, anything else the database or its connection raises is ``RecorderError``,
-both naming the action.
+``Conflict``; a value the database refuses to hold (SQLSTATE class 22, "data exception":
+NUL in text, an integer over its column's range, ...) is ``InvalidRequest``, since sending
+it again can never succeed; a database that cannot be reached (refused or lost
+connections, SQLSTATE classes 08 and 57: shutting down, starting up) is
+``RecorderUnavailable`` (503: retry later); anything else it raises is ``RecorderError``.
+Each names the action.
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError, StatementError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from kernel.errors import Conflict, InvalidRequest, LegoError, RecorderError
+from kernel.errors import Conflict, InvalidRequest, LegoError, RecorderError, RecorderUnavailable
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 POSTGRES_DRIVER = "postgresql+asyncpg"
@@ -71,9 +75,42 @@ async def transaction(engine: AsyncEngine, action: str) -> AsyncIterator[AsyncCo
         raise
     except IntegrityError as exc:
         raise Conflict(f"cannot {action}: {describe_error(exc)}") from exc
-    except (SQLAlchemyError, OSError) as exc:
-        # OSError: asyncpg reports refused/reset connections as plain socket errors.
+    except StatementError as exc:
+        if _refused_value(exc):
+            raise InvalidRequest(
+                f"cannot {action}: the database refused a value: {describe_error(exc)}"
+            ) from exc
+        if _unreachable(exc):
+            raise RecorderUnavailable(
+                f"cannot {action}: the database is unavailable: {describe_error(exc)}"
+            ) from exc
         raise RecorderError(f"cannot {action}: database error: {describe_error(exc)}") from exc
+    except OSError as exc:
+        # asyncpg reports refused/reset connections as plain socket errors.
+        raise RecorderUnavailable(
+            f"cannot {action}: the database is unavailable: {describe_error(exc)}"
+        ) from exc
+    except SQLAlchemyError as exc:
+        raise RecorderError(f"cannot {action}: database error: {describe_error(exc)}") from exc
+
+
+def _refused_value(exc: StatementError) -> bool:
+    # asyncpg's errors carry the server's SQLSTATE (also for its client-side range checks);
+    # sqlite3 raises OverflowError for an integer past 64 bits.
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    return (isinstance(sqlstate, str) and sqlstate.startswith("22")) or isinstance(
+        exc.orig, OverflowError
+    )
+
+
+def _unreachable(exc: StatementError) -> bool:
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
+    return (
+        lost
+        or isinstance(exc.orig, OSError)
+        or (isinstance(sqlstate, str) and sqlstate[:2] in ("08", "57"))
+    )
 
 
 def is_sqlite(url: URL) -> bool:

@@ -5,7 +5,8 @@ Contract:
   ...); announcing a version again returns its existing entry. Staleness is measured in
   this order; a version never announced has index -1 (older than everything).
 - ``claim(run, groups, max_staleness, lease_s)`` leases up to ``groups`` COMPLETE prompt
-  groups (every session finished) to a new batch, in the order the groups were created.
+  groups (every session finished, and as many sessions as the group's declared size:
+  ``recorder.groups``) to a new batch, in the order the groups were created.
   A group is never handed to two live leases: on Postgres the lease rows are taken with
   ``SELECT ... FOR UPDATE SKIP LOCKED`` and new ones with ``INSERT ... ON CONFLICT DO
   NOTHING``; on SQLite the whole claim is one ``BEGIN IMMEDIATE`` transaction. Sessions
@@ -19,6 +20,11 @@ Contract:
 - ``ack(batch)`` commits a batch for good (idempotent). Once a lease expired, the next
   claim may hand its groups out again; acking such a batch raises ``Conflict``. An
   expired lease whose groups nobody took yet can still be acked.
+- ``set_broken(batch, group, reason)``: a leased group one of whose sessions cannot be
+  read into a sample (its recorded turns do not chain) leaves the batch for good (state
+  ``broken``, never delivered), so one broken session never blocks a run's export.
+  ``abandon(batch)`` hands a batch's groups back to the pool at once (a claim whose body
+  could not be completed).
 - ``record_alignment``/``list_alignment``: the trainer's per-step alignment reports
   (posting a step again replaces it).
 
@@ -27,6 +33,7 @@ Unknown runs and batches raise ``NotFound``; database failures ``RecorderError``
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -37,6 +44,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernel.errors import Conflict, NotFound
+from recorder import groups as prompt_group
 from recorder.database import create_engine, is_sqlite, parse_url, transaction
 from recorder.records import EXCLUDED_TERMINATIONS, SessionStatus, TurnStatus
 from recorder.rows import Reward, reward_of
@@ -50,7 +58,9 @@ from recorder.schema import (
     weight_versions,
 )
 
-LEASED, ACKED, SKIPPED = "leased", "acked", "skipped"
+log = logging.getLogger(__name__)
+
+LEASED, ACKED, SKIPPED, BROKEN = "leased", "acked", "skipped", "broken"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +149,20 @@ class ExportStore:
 
     # -- claims -------------------------------------------------------------------
     async def claim(
-        self, run_id: str, groups: int, max_staleness: int | None, lease_s: float
+        self,
+        run_id: str,
+        groups: int,
+        max_staleness: int | None,
+        lease_s: float,
+        *,
+        read_grace_s: float = 0.0,
     ) -> Claim:
+        """``read_grace_s`` extends the lease while the caller reads the samples; it then
+        starts the lease proper with ``start_lease`` (``Claim.lease_expires_at`` is the
+        lease without the grace, a lower bound of the real one)."""
         now = time.time()
         batch_id = uuid.uuid4().hex
-        expires = now + lease_s
+        expires = now + lease_s + read_grace_s
         claimed: list[ClaimedGroup] = []
         rewards: list[list[Reward]] = []
         stale = 0
@@ -156,6 +175,9 @@ class ExportStore:
             for group_id in await self._candidates(conn, run_id, now):
                 if len(claimed) >= groups:
                     break
+                # A session joining the group now waits for this transaction, or went first
+                # and is read below (recorder.groups).
+                await prompt_group.lock(conn, run_id, group_id)
                 members = (
                     await conn.execute(
                         select(
@@ -164,11 +186,14 @@ class ExportStore:
                             sessions.c.termination,
                             sessions.c.reward,
                             sessions.c.reward_vector,
+                            sessions.c.status,
                         )
                         .where(sessions.c.run_id == run_id, sessions.c.group_id == group_id)
                         .order_by(sessions.c.sample_index, sessions.c.id)
                     )
                 ).all()
+                if any(m.status != SessionStatus.FINISHED.value for m in members):
+                    continue  # a sample joined after the candidates were read
                 kept = [m for m in members if m.termination not in EXCLUDED_TERMINATIONS]
                 if not kept:
                     await self._skip(conn, run_id, group_id, now)
@@ -198,7 +223,7 @@ class ExportStore:
         zero_variance = sum(1 for values in rewards if all(v == values[0] for v in values))
         return Claim(
             batch_id=batch_id if claimed else None,
-            lease_expires_at=expires if claimed else None,
+            lease_expires_at=now + lease_s if claimed else None,
             groups=tuple(claimed),
             zero_variance_groups=zero_variance,
             stale_groups=stale,
@@ -214,6 +239,7 @@ class ExportStore:
         rows = await conn.execute(
             select(sessions.c.group_id)
             .where(sessions.c.run_id == run_id, sessions.c.group_id.not_in(taken))
+            .where(~prompt_group.below_size(run_id))
             .group_by(sessions.c.group_id)
             .having(unfinished == 0)
             .order_by(func.min(sessions.c.created_at), sessions.c.group_id)
@@ -265,6 +291,46 @@ class ExportStore:
                 run_id=run_id, group_id=group_id, state=SKIPPED, updated_at=now
             ).on_conflict_do_nothing(index_elements=["run_id", "group_id"])
         )
+
+    async def set_broken(self, batch_id: str, group_id: str, reason: str) -> None:
+        async with transaction(self._engine, f"set group {group_id!r} broken") as conn:
+            result = await conn.execute(
+                update(group_leases)
+                .where(group_leases.c.batch_id == batch_id, group_leases.c.group_id == group_id)
+                .values(state=BROKEN, batch_id=None, lease_expires_at=None, updated_at=time.time())
+            )
+            if result.rowcount:
+                await conn.execute(
+                    update(batches)
+                    .where(batches.c.id == batch_id)
+                    .values(group_count=batches.c.group_count - result.rowcount)
+                )
+        log.error("export: group %s left out of batch %s for good: %s", group_id, batch_id, reason)
+
+    async def abandon(self, batch_id: str) -> None:
+        async with transaction(self._engine, f"abandon batch {batch_id}") as conn:
+            await conn.execute(
+                delete(group_leases).where(
+                    group_leases.c.batch_id == batch_id, group_leases.c.state == LEASED
+                )
+            )
+            await conn.execute(
+                update(batches).where(batches.c.id == batch_id).values(lease_expires_at=0.0)
+            )
+
+    async def start_lease(self, batch_id: str, lease_s: float) -> float:
+        """Start the batch's lease now (once its samples are read): its new expiry."""
+        expires = time.time() + lease_s
+        async with transaction(self._engine, f"start the lease of batch {batch_id}") as conn:
+            await conn.execute(
+                update(batches).where(batches.c.id == batch_id).values(lease_expires_at=expires)
+            )
+            await conn.execute(
+                update(group_leases)
+                .where(group_leases.c.batch_id == batch_id, group_leases.c.state == LEASED)
+                .values(lease_expires_at=expires)
+            )
+        return expires
 
     async def ack(self, batch_id: str) -> None:
         async with transaction(self._engine, f"ack batch {batch_id}") as conn:

@@ -6,11 +6,12 @@ milliseconds; a proxy killed inside that window (SIGKILL, power loss, OOM) would
 turns whose responses the harness already has. The journal closes that window.
 
 Contract:
-- ``await append(row)`` returns once ``row`` is fsync'd in this proxy's journal directory.
-  Concurrent appends share one write + fsync (group commit) in a worker thread, so the
-  cost per turn is a fraction of an fsync under load; ``flushes`` counts those writes. It
-  never raises: a disk that refuses is logged and counted (``failures``), and the turn
-  still goes to the database as usual.
+- ``await append(row)`` returns True once ``row`` is fsync'd in this proxy's journal
+  directory. Concurrent appends share one write + fsync (group commit) in a worker thread,
+  so the cost per turn is a fraction of an fsync under load; ``flushes`` counts those
+  writes. It never raises: when the disk refuses (full, read-only) or the row cannot be
+  framed, it returns False, logged and counted (``failures``); the writer then makes the
+  turn durable in the database or fails it (``recorder.writer``).
 - ``await release(ids)`` is called once those turns are settled (in the database, in the
   spool, or dropped as unstorable); segments whose every turn is released are deleted.
   Segments rotate after ``rotate_records`` turns or ``rotate_age_s`` seconds.
@@ -42,7 +43,7 @@ class Journal:
         self._rotate_records = rotate_records
         self._rotate_age_s = rotate_age_s
         self._lock = asyncio.Lock()  # one thread at a time touches the spool's files
-        self._waiting: list[tuple[StoredTurn, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[StoredTurn, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._open: set[str] = set()  # ids in the segment being appended to, not released
         self._open_records = 0
@@ -60,27 +61,29 @@ class Journal:
     def unreleased(self) -> int:
         return len(self._open) + sum(len(ids) for _, ids in self._closed)
 
-    async def append(self, row: StoredTurn) -> None:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def append(self, row: StoredTurn) -> bool:
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((row, done))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
-        await done
+        return await done
 
     async def _flush(self) -> None:
         while self._waiting:
             batch, self._waiting = self._waiting, []
             rows = [row for row, _ in batch]
+            ok = False
             async with self._lock:
                 try:
                     self.flushes += 1
                     await asyncio.to_thread(self._spool.append, rows)
-                except OSError as exc:
-                    # Deliberately swallowed: the turns still reach the database through the
-                    # write queue; only the crash window reopens. Counted and logged.
+                except (OSError, TypeError, ValueError) as exc:
+                    # Deliberately swallowed: append's answer tells the writer, which makes
+                    # the turns durable in the database or fails them. Counted and logged.
                     self.failures += 1
                     log.error("journal: cannot append %d turns: %s", len(rows), exc)
                 else:
+                    ok = True
                     if not self._open_records:
                         self._open_since = time.monotonic()
                     self._open.update(row.id for row in rows)
@@ -90,7 +93,7 @@ class Journal:
                         await self._rotate()
             for _, done in batch:
                 if not done.done():
-                    done.set_result(None)
+                    done.set_result(ok)
 
     async def release(self, ids: Iterable[str]) -> None:
         released = set(ids)

@@ -39,6 +39,32 @@ class RecorderMetrics:
             "Turns the database can never accept (logged and dropped).",
             registry=r,
         )
+        self.quarantined = Counter(
+            "lego_recorder_quarantined_turns",
+            "Turns the database refused for good: kept in the quarantine spool and replaced "
+            "by a row it takes (see lego_recorder_dropped_turns for those it refused too).",
+            registry=r,
+        )
+        self.late = Counter(
+            "lego_recorder_late_turns",
+            "Turns that reached the database after their session finished (stored failed).",
+            registry=r,
+        )
+        self.undurable = Counter(
+            "lego_recorder_undurable_turns",
+            "Completed turns failed because neither the disk nor the database took them.",
+            registry=r,
+        )
+        self.disk_failures = Gauge(
+            "lego_recorder_disk_failures",
+            "Journal or spool writes the disk refused since start.",
+            registry=r,
+        )
+        self.disk_ok = Gauge(
+            "lego_recorder_disk_ok",
+            "1 while the last journal or spool write succeeded, 0 after a refused one.",
+            registry=r,
+        )
         self.spool_bytes = Gauge(
             "lego_recorder_spool_bytes", "Bytes waiting in the local spool.", registry=r
         )

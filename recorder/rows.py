@@ -7,6 +7,11 @@ Owns:
   it can never be stored. ``decode_stored`` is its inverse for a turn stored without a
   parent prefix. ``BLOB_COLUMNS`` are the row's binary columns; every other value is
   JSON-serializable.
+- ``storable(turn)``: the row a database that refused ``turn`` takes instead, or None
+  when nothing in it can be made storable: the token arrays and the request bytes stay
+  exact, text and JSON values lose what no column holds (NUL becomes U+FFFD, integers
+  past 64 bits become their decimal text, non-finite numbers null) and ``error`` says so.
+  The writer keeps the original in its quarantine, so nothing is lost.
 - ``turns_of(session_id, rows)`` / ``arrays_of(session_id, rows)``: a session's rows, in
   the order given, as ``TurnRecord``s / ``TurnArrays`` (``ARRAY_COLUMNS`` are what the
   latter reads), full prompts rebuilt and the re-label rule applied.
@@ -23,6 +28,7 @@ Owns:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -201,6 +207,42 @@ def encode_turn(record: TurnRecord) -> StoredTurn:
         "created_at": time.time(),
     }
     return StoredTurn(id=record.id, row=row)
+
+
+_JSON_COLUMNS = ("sampling_params", "ignored_fields", "weight_version_spans", "side_requests")
+STORABLE_NOTE = "stored with values the database refused replaced (the original is quarantined)"
+
+
+def storable(turn: StoredTurn) -> StoredTurn | None:
+    row: dict[str, object] = {}
+    for name, value in turn.row.items():
+        if name in BLOB_COLUMNS:
+            row[name] = value
+        elif name in _JSON_COLUMNS or isinstance(value, str):
+            row[name] = _storable_value(value)
+        else:
+            row[name] = value
+    if row == dict(turn.row):
+        return None
+    error = turn.row.get("error")
+    row["error"] = f"{_storable_value(error)}; {STORABLE_NOTE}" if error else STORABLE_NOTE
+    return StoredTurn(id=turn.id, row=row)
+
+
+def _storable_value(value: object) -> object:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if -(2**63) <= value < 2**63 else str(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(_storable_value(str(k))): _storable_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable_value(item) for item in value]
+    return value
 
 
 def decode_stored(turn: StoredTurn) -> TurnRecord:

@@ -18,7 +18,8 @@ same way (migration 0005): a turn that continues its parent's conversation store
 messages it adds, and ``messages_inherited`` says how many leading messages it shares with
 that conversation (``recorder.conversations`` owns the format and the rebuild).
 
-Export bookkeeping: ``weight_versions`` is the announced policy order of a run;
+Export bookkeeping: ``prompt_groups`` says when a group is complete (its declared
+``size``, or ``closed_at``); ``weight_versions`` is the announced policy order of a run;
 ``group_leases`` holds one row per prompt group ever handed out (or skipped), pointing at
 the ``batches`` row whose lease currently owns it; ``alignment_reports`` stores the
 trainer's rollout/trainer agreement per step.
@@ -169,6 +170,25 @@ group_leases = Table(
     Column("batch_id", Text, nullable=True),
     Column("lease_expires_at", Double, nullable=True),
     Column("updated_at", Double, nullable=False),
+)
+
+# One row: this database's random id (migration 0007); journals and spools are kept per id.
+recorder_identity = Table(
+    "recorder_identity",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("created_at", Double, nullable=False),
+)
+
+# One row per prompt group: the size the orchestrator declared, and whether it is closed.
+prompt_groups = Table(
+    "prompt_groups",
+    metadata,
+    Column("run_id", Text, ForeignKey("runs.id"), primary_key=True),
+    Column("group_id", Text, primary_key=True),
+    Column("size", Integer, nullable=True),
+    Column("closed_at", Double, nullable=True),
+    Column("created_at", Double, nullable=False),
 )
 
 alignment_reports = Table(

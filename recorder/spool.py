@@ -22,10 +22,14 @@ Contract:
   rest is counted in ``corrupt_frames``, the file is kept as ``*.corrupt`` for inspection
   when ``remove`` is called). ``remove(segment)`` deletes a replayed segment.
 - ``size_bytes``, ``records`` and ``oldest_age_s()`` describe what is waiting (metrics).
+- ``discard()``, after ``close()``, removes the directory of a spool whose every segment
+  was replayed (an orphan's, or a journal's), so dead processes leave nothing behind;
+  a directory still holding a segment (or a ``*.corrupt`` file) is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -139,6 +143,15 @@ class Spool:
     def close(self) -> None:
         self.rotate()
         os.close(self._lock_fd)
+
+    def discard(self) -> None:
+        left = [p for p in self.directory.iterdir() if p.name != LOCK_FILE]
+        if left:
+            log.warning("spool %s kept: it still holds %s", self.directory, left[0].name)
+            return
+        (self.directory / LOCK_FILE).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # another process just opened it: it is theirs
+            self.directory.rmdir()
 
     # -- metrics --------------------------------------------------------------
     @property

@@ -9,6 +9,12 @@ Contract:
   exceptions never escape (they stay attached as ``__cause__`` for the logs).
 - ``write_turns`` is one transaction and idempotent by turn id: writing a turn again is a
   no-op, so a writer may retry a batch after an ambiguous failure.
+- Finish is a barrier (``write_rows``/``finish_session``): a completed turn whose row
+  reaches the database after its session was finished is stored ``failed`` with
+  ``LATE_ERROR`` (``write_rows`` returns those ids), so a finished session's turns, and
+  the group exported from them, never change. The session rows are locked ``FOR SHARE``
+  in the write's transaction (SQLite: the write lock serializes), so a finish either sees
+  the turn or the turn sees the finish, on every replica.
 - ``list_turns`` gives back exactly what was written, in seq order, except that logprobs
   are float32-rounded (see ``codec``). ``list_turn_arrays`` gives the same turns as
   ``TurnArrays`` (what the export needs): numpy views of the stored bytes, routed experts
@@ -40,8 +46,8 @@ from sqlalchemy import ColumnElement, Insert, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from kernel.errors import Conflict, NotFound
-from recorder import rows
+from kernel.errors import Conflict, NotFound, RecorderError
+from recorder import groups, rows
 from recorder.conversations import Conversation, StoredRequest, rebuild
 from recorder.database import create_engine, is_sqlite, parse_url, transaction
 from recorder.records import (
@@ -53,9 +59,10 @@ from recorder.records import (
     TurnRecord,
     TurnStatus,
 )
-from recorder.schema import runs, sessions, turns
+from recorder.schema import recorder_identity, runs, sessions, turns
 
 SESSION_KEY_PREFIX = "lego-sk-"
+LATE_ERROR = "the session was finished before this turn was recorded"
 
 
 class Store:
@@ -75,6 +82,15 @@ class Store:
         """For the recorder's own read models (``recorder.read_models``); nothing above
         the recorder runs SQL (``tests/test_layers.py``)."""
         return self._engine
+
+    async def identity(self) -> str:
+        """This database's random id (migration 0007): what journals and spools are kept
+        under, so none is ever replayed into another database."""
+        async with transaction(self._engine, "read the database identity") as conn:
+            found = await conn.scalar(select(recorder_identity.c.id))
+        if found is None:
+            raise RecorderError("the database has no identity row: run 'lego-proxy db upgrade'")
+        return str(found)
 
     async def ping(self) -> None:
         """One round trip to the database; its driver's exception if there is none."""
@@ -116,7 +132,11 @@ class Store:
         return [RunInfo(id=row.id, name=row.name, created_at=row.created_at) for row in rows]
 
     # -- sessions -------------------------------------------------------------
-    async def create_session(self, spec: SessionSpec) -> SessionInfo:
+    async def create_session(
+        self, spec: SessionSpec, *, group_size: int | None = None
+    ) -> SessionInfo:
+        """A new session in ``spec.group_id``; ``group_size`` declares how many the group
+        has (``recorder.groups``: ``Conflict`` when it may not join the group)."""
         info = SessionInfo(
             id=uuid.uuid4().hex,
             key=SESSION_KEY_PREFIX + secrets.token_urlsafe(24),
@@ -127,8 +147,15 @@ class Store:
         async with transaction(self._engine, "create session") as conn:
             if await conn.scalar(select(runs.c.id).where(runs.c.id == spec.run_id)) is None:
                 raise NotFound(f"run {spec.run_id!r} not found", param="run_id")
+            await groups.join(
+                conn, spec.run_id, spec.group_id, group_size, sqlite_dialect=self._sqlite
+            )
             await conn.execute(sessions.insert().values(**rows.session_values(info)))
         return info
+
+    async def close_group(self, run_id: str, group_id: str) -> groups.GroupInfo:
+        async with transaction(self._engine, f"close group {group_id!r}") as conn:
+            return await groups.close(conn, run_id, group_id)
 
     async def get_session(self, session_id: str) -> SessionInfo:
         async with transaction(self._engine, f"read session {session_id}") as conn:
@@ -136,6 +163,21 @@ class Store:
         if info is None:
             raise NotFound(f"session {session_id!r} not found")
         return info
+
+    async def finished_termination(self, session_id: str) -> str | None:
+        """The session's termination once it is finished; None while it is active (or
+        unknown). One indexed lookup: what each turn's admission asks."""
+        async with transaction(self._engine, f"read status of session {session_id}") as conn:
+            row = (
+                await conn.execute(
+                    select(sessions.c.status, sessions.c.termination).where(
+                        sessions.c.id == session_id
+                    )
+                )
+            ).first()
+        if row is None or row.status != SessionStatus.FINISHED.value:
+            return None
+        return str(row.termination)
 
     async def get_session_by_key(self, key: str) -> SessionInfo | None:
         async with transaction(self._engine, "read session by key") as conn:
@@ -221,19 +263,47 @@ class Store:
     async def write_turns(self, records: Sequence[TurnRecord]) -> None:
         await self.write_rows([rows.encode_turn(record) for record in records])
 
-    async def write_rows(self, stored: Sequence[rows.StoredTurn]) -> None:
-        """Insert encoded turns in one transaction (one executemany), idempotent by id."""
+    async def write_rows(self, stored: Sequence[rows.StoredTurn]) -> set[str]:
+        """Insert encoded turns in one transaction, idempotent by id; the ids of completed
+        turns stored ``failed`` because their session was already finished."""
         unique = {turn.id: turn for turn in reversed(stored)}  # first copy wins
         values = [dict(turn.row) for turn in reversed(unique.values())]
         if not values:
-            return
+            return set()
         relabels: list[tuple[object, list[object]]] = []
         for row in values:
             named = row.setdefault("side_requests", None)  # None: spooled before the column
             if isinstance(named, list) and named:
                 relabels.append((row["session_id"], named))
         async with transaction(self._engine, f"write {len(values)} turns") as conn:
-            await conn.execute(self._insert_turns_ignoring_known_ids(), values)
+            result = await conn.execute(
+                self._insert_turns_ignoring_known_ids().returning(turns.c.id), values
+            )
+            inserted = set(result.scalars())
+            # After the insert (SQLite: the write lock is held now), so that a finish
+            # committed before this point is seen, and one still running waits for this
+            # transaction (Postgres: FOR SHARE conflicts with its row update).
+            finished = set(
+                await conn.scalars(
+                    select(sessions.c.id)
+                    .where(sessions.c.id.in_({row["session_id"] for row in values}))
+                    .where(sessions.c.status == SessionStatus.FINISHED.value)
+                    .with_for_update(read=True)
+                )
+            )
+            late = {
+                str(row["id"])
+                for row in values
+                if row["id"] in inserted
+                and row["session_id"] in finished
+                and row["status"] == TurnStatus.COMPLETED.value
+            }
+            if late:
+                await conn.execute(
+                    update(turns)
+                    .where(turns.c.id.in_(late))
+                    .values(status=TurnStatus.FAILED.value, error=LATE_ERROR)
+                )
             for session_id, named in relabels:
                 await conn.execute(
                     update(turns)
@@ -245,6 +315,7 @@ class Store:
                         fork_reason=rows.SIDE_REQUEST_REASON,
                     )
                 )
+        return late
 
     async def conversations(
         self,

@@ -8,9 +8,14 @@ Contract:
 - Each turn is encoded (``recorder.rows.encode_turn``) once: a journaled turn when it is
   journaled, any other when its batch is taken. The queue keeps the encoded row, and the
   same row goes to the journal, the database and the spool.
-- A turn the database can never accept (``Conflict``, ``InvalidRequest``) is isolated by
-  writing the batch one turn at a time, logged, counted in ``dropped`` and dropped, so one
-  bad record cannot wedge the queue.
+- A turn the database refuses for good (``Conflict``, ``InvalidRequest``: a value no column
+  holds) is isolated by writing the batch one turn at a time, so one bad record never
+  wedges the queue or the spool's replay. It is **quarantined**: the original row is kept
+  in the ``quarantine`` spool (when given) for inspection, counted in ``quarantined`` and
+  logged, and the row ``recorder.rows.storable`` makes of it (token arrays and request
+  bytes exact, refused text values replaced, ``error`` saying so) is written instead, so
+  the session's later turns, which build on it, still export. Only a turn whose fallback
+  is refused too is counted in ``dropped``.
 - ``await flush()`` returns once every turn submitted before the call is in the database
   or dropped (spooled turns included: it triggers a replay at once). It waits as long as
   the database is down; bound it with ``asyncio.timeout`` where that matters.
@@ -34,14 +39,28 @@ Without a spool (tests, tools) failed batches stay at the head of the queue and 
 with backoff, and the queue is unbounded.
 
 Crash window: a turn is durable once it is in the database, the spool or the journal.
-With a ``Journal`` (the production set-up), ``submit_durable`` fsyncs a completed turn
-into it before the harness receives the end of its response, so even a hard kill (SIGKILL,
-power loss) loses no turn the harness has: the dead proxy's journal is replayed at the
-next start. Without one, a turn reaches durability within ``flush_interval_s`` plus at most
-``write_timeout_s``, and only a graceful shutdown is safe.
+``await submit_durable(turn)`` is what a completed turn's pipeline awaits before the
+harness receives the end of its response. It fsyncs the turn into the ``Journal`` (when
+there is one) and waits up to ``durable_wait_s`` for its batch to settle, and returns the
+``Durability`` reached: ``RECORDED`` (in the database: every replica sees it, so a finish
+posted after the harness ended finds it), ``LATE`` (the database took it after its session
+was finished, so it is stored ``failed``: a finished session takes no more turns, and an
+exported group never changes), or ``ON_DISK`` (journal or spool only: the database is
+away; the turn is replayed when it is back). When neither the journal nor the spool nor
+the database has the turn in time (a full disk during an outage) it raises
+``RecorderUnavailable``: the harness's turn fails loudly rather than being silently
+undurable; the turn stays queued and is written when the database returns. A dead proxy's
+journal is replayed at the next start, so even SIGKILL loses no turn the harness has.
+
+A full or read-only spool disk never stops the writer: a batch the spool refuses is
+offered to the database, and while neither takes it the batch stays at the head of the
+queue (retried with backoff, the database first). ``disk_ok`` is false while the last
+journal or spool write failed; readiness reports it.
 
 Counters (plain attributes, mirrored to ``RecorderMetrics`` when given): ``submitted``,
-``written``, ``dropped``, ``batches``, ``failures`` (failed write attempts), ``spooled``,
+``written``, ``dropped``, ``quarantined``, ``late``, ``batches``, ``failures`` (failed
+write attempts), ``disk_failures`` (journal or spool writes the disk refused),
+``undurable`` (durable submits that reached no durable place in time), ``spooled``,
 ``replayed``.
 """
 
@@ -53,18 +72,27 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from enum import StrEnum
 
-from kernel.errors import Conflict, InvalidRequest, RecorderError
+from kernel.errors import Conflict, InvalidRequest, LegoError, RecorderError, RecorderUnavailable
 from recorder.journal import Journal
 from recorder.metrics import RecorderMetrics
 from recorder.records import TurnRecord
-from recorder.rows import StoredTurn, encode_turn
+from recorder.rows import StoredTurn, encode_turn, storable
 from recorder.spool import Spool
 from recorder.store import Store
 
 log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_S = 30.0  # one replayed batch; replays are off the hot path
+
+
+class Durability(StrEnum):
+    """Where ``submit_durable`` left a turn (see the module docstring)."""
+
+    RECORDED = "recorded"
+    LATE = "late"
+    ON_DISK = "on_disk"
 
 
 class TurnWriter:
@@ -75,12 +103,14 @@ class TurnWriter:
         spool: Spool | None = None,
         orphans: Sequence[Spool] = (),
         journal: Journal | None = None,
+        quarantine: Spool | None = None,
         metrics: RecorderMetrics | None = None,
         max_batch: int = 256,
         flush_interval_s: float = 0.05,
         retry_initial_s: float = 0.1,
         retry_max_s: float = 5.0,
         write_timeout_s: float = 1.0,
+        durable_wait_s: float = 1.0,
         max_pending: int = 2_000,
         close_timeout_s: float = 5.0,
         warn_pending: int = 10_000,
@@ -91,12 +121,14 @@ class TurnWriter:
         self._spool = spool
         self._orphans = list(orphans)
         self._journal = journal
+        self._quarantine = quarantine
         self._metrics = metrics
         self._max_batch = max_batch
         self._flush_interval_s = flush_interval_s
         self._retry_initial_s = retry_initial_s
         self._retry_max_s = retry_max_s
         self._write_timeout_s = write_timeout_s
+        self._durable_wait_s = durable_wait_s
         self._max_pending = max_pending
         self._close_timeout_s = close_timeout_s
         self._warn_pending = warn_pending
@@ -110,15 +142,25 @@ class TurnWriter:
         self._spooling = False  # the database failed: batches go to the spool
         self._replay_delay = retry_initial_s
         self._next_replay = 0.0  # monotonic; replay the spool once past it
+        # Durable submits waiting for their batch, and what each settled turn reached.
+        self._waiting: dict[str, asyncio.Future[Durability]] = {}
+        self._outcomes: dict[str, Durability] = {}  # of the batch being persisted
+        self.disk_ok = True
         self.submitted = 0
         self.written = 0
         self.dropped = 0
+        self.quarantined = 0
+        self.late = 0
         self.batches = 0
         self.failures = 0
+        self.disk_failures = 0
+        self.undurable = 0
         self.spooled = 0
         self.replayed = 0
         if metrics is not None:
             metrics.pending.set_function(lambda: len(self._queue))
+            metrics.disk_failures.set_function(lambda: self.disk_failures)
+            metrics.disk_ok.set_function(lambda: float(self.disk_ok))
         if metrics is not None and spool is not None:
             metrics.spool_age.set_function(spool.oldest_age_s)
             metrics.spool_bytes.set_function(lambda: spool.size_bytes)
@@ -141,21 +183,39 @@ class TurnWriter:
                 self._run(), name="lego-turn-writer"
             )
 
-    async def submit_durable(self, turn: TurnRecord) -> None:
-        """``submit``, after the turn is fsync'd in the journal (when there is one).
-
-        For completed turns: the caller awaits this before the harness gets the end of its
-        answer, so no crash can lose a turn the harness has."""
-        if self._journal is None:
-            self.submit(turn)
-            return
+    async def submit_durable(self, turn: TurnRecord) -> Durability:
+        """``submit``, then wait until the turn is durable (see the module docstring)."""
         try:
             stored = encode_turn(turn)
         except InvalidRequest:
             self.submit(turn)  # unstorable: the batch that takes it drops and counts it
-            return
-        await self._journal.append(stored)
+            return Durability.ON_DISK
+        journaled = False
+        if self._journal is not None:
+            journaled = await self._journal.append(stored)
+            self._disk(journaled)
+        self.start()
+        settled: asyncio.Future[Durability] = asyncio.get_running_loop().create_future()
+        self._waiting[stored.id] = settled
         self._enqueue(stored)
+        self._flush_target = max(self._flush_target, self.submitted)  # no batching delay
+        self._wake.set()
+        try:
+            async with asyncio.timeout(self._durable_wait_s):
+                return await asyncio.shield(settled)
+        except TimeoutError:
+            if journaled:
+                return Durability.ON_DISK
+            self.undurable += 1
+            if self._metrics is not None:
+                self._metrics.undurable.inc()
+            raise RecorderUnavailable(
+                "the turn could not be made durable: the database did not take it within "
+                f"{self._durable_wait_s:g} s and the disk refused it; it is kept in memory "
+                "and written when the database is back"
+            ) from None
+        finally:
+            self._waiting.pop(stored.id, None)
 
     def submit(self, turn: TurnRecord) -> None:
         self._enqueue(turn)
@@ -194,8 +254,8 @@ class TurnWriter:
         if self._spool is not None:
             # The database did not take everything in time: the spool keeps the rest for
             # the next start (a batch cut off mid-write may land twice; replay dedupes).
-            await self._spill(self._encode(list(self._queue)))
-            if self._journal is not None:
+            rest = self._encode(list(self._queue))
+            if await self._spill(rest) and self._journal is not None:
                 await self._journal.release(turn.id for turn in self._queue)
             self._queue.clear()
             self._spool.close()
@@ -203,9 +263,12 @@ class TurnWriter:
             await self._journal.close()
         for orphan in self._orphans:
             orphan.close()
+        if self._quarantine is not None:
+            self._quarantine.close()
 
     # -- the background task ----------------------------------------------------
     async def _run(self) -> None:
+        delay = self._retry_initial_s
         while True:
             timeout = None
             if self.spooled_pending:
@@ -227,38 +290,57 @@ class TurnWriter:
                             await self._wake.wait()
                     self._wake.clear()
                 batch = [self._queue[i] for i in range(min(self._max_batch, len(self._queue)))]
-                await self._persist(batch)
+                if not await self._persist(batch):
+                    # Neither the database nor the disk took it: it stays at the head of
+                    # the queue, and the next attempt tries the database first.
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self._retry_max_s)
+                    continue
+                delay = self._retry_initial_s
                 if self._journal is not None:
                     await self._journal.release(turn.id for turn in batch)
                 for _ in batch:
                     self._queue.popleft()
                 self._done += len(batch)
+                self._settle_waiters()
                 async with self._progress:
                     self._progress.notify_all()
 
-    async def _persist(self, batch: Sequence[TurnRecord | StoredTurn]) -> None:
+    def _settle_waiters(self) -> None:
+        for turn_id, outcome in self._outcomes.items():
+            waiter = self._waiting.get(turn_id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(outcome)
+        self._outcomes.clear()
+
+    async def _persist(self, batch: Sequence[TurnRecord | StoredTurn]) -> bool:
+        """Settle the batch (database, spool, or quarantine); False if nothing took it."""
         stored = self._encode(batch)
         if self._spool is None:
             await self._write_until_settled(stored)
-            return
-        if self._spooling or len(self._queue) > self._max_pending:
-            await self._spill(stored)
-            return
-        settled: set[str] = set()
+            return True
+        settled = set(self._outcomes)  # a batch tried again: the turns it settled already
+        bypass = self._spooling or len(self._queue) > self._max_pending
+        if bypass and await self._spill([turn for turn in stored if turn.id not in settled]):
+            return True
+        # Here the database is up as far as we know, or the spool's disk refused the batch
+        # and the database is the only way left for it.
         try:
             async with asyncio.timeout(self._write_timeout_s):
                 await self._write(stored, settled)
         except (RecorderError, TimeoutError) as exc:
             self._note_failure(exc, len(stored))
-            await self._spill([turn for turn in stored if turn.id not in settled])
+            return await self._spill([turn for turn in stored if turn.id not in settled])
         except Exception:
             # Not a database error, so a bug; keep the turns (nothing lost) in the spool.
             self.failures += 1
             log.exception("turn writer: unexpected error writing %d turns", len(stored))
             self._spooling = True
-            await self._spill([turn for turn in stored if turn.id not in settled])
-        else:
-            self.batches += 1
+            return await self._spill([turn for turn in stored if turn.id not in settled])
+        self.batches += 1
+        if self._spooling and self.spooled_pending == 0:
+            self._spooling = False  # the database took a batch and nothing waits on disk
+        return True
 
     def _encode(self, batch: Sequence[TurnRecord | StoredTurn]) -> list[StoredTurn]:
         stored = []
@@ -283,23 +365,29 @@ class TurnWriter:
         self._spooling = True
         self._next_replay = time.monotonic() + self._replay_delay
 
-    async def _spill(self, rows: Sequence[StoredTurn]) -> None:
+    def _disk(self, ok: bool) -> None:
+        if not ok:
+            self.disk_failures += 1
+        self.disk_ok = ok
+
+    async def _spill(self, rows: Sequence[StoredTurn]) -> bool:
+        """Append to the spool; False (logged, counted) when its disk refuses."""
         assert self._spool is not None
-        delay = self._retry_initial_s
-        while rows:
-            try:
-                await asyncio.to_thread(self._spool.append, rows)
-            except OSError as exc:
-                # The disk refused (full, read-only): keep the turns in memory, retry.
-                self.failures += 1
-                log.error("turn writer: cannot spool %d turns: %s", len(rows), exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._retry_max_s)
-                continue
-            self.spooled += len(rows)
-            if self._metrics is not None:
-                self._metrics.spooled.inc(len(rows))
-            return
+        if not rows:
+            return True
+        try:
+            await asyncio.to_thread(self._spool.append, rows)
+        except OSError as exc:
+            self._disk(False)
+            log.error("turn writer: cannot spool %d turns: %s", len(rows), exc)
+            return False
+        self._disk(True)
+        self.spooled += len(rows)
+        for turn in rows:
+            self._outcomes.setdefault(turn.id, Durability.ON_DISK)
+        if self._metrics is not None:
+            self._metrics.spooled.inc(len(rows))
+        return True
 
     async def _replay(self) -> None:
         spools = [self._spool, *self._orphans] if self._spool else list(self._orphans)
@@ -318,13 +406,16 @@ class TurnWriter:
                         log.info("turn writer: replay failed (%s); will retry", exc)
                         self._next_replay = time.monotonic() + self._replay_delay
                         self._replay_delay = min(self._replay_delay * 2, self._retry_max_s)
+                        self._outcomes.clear()  # replayed turns have no waiters
                         return
                 self.replayed += len(rows)
                 if self._metrics is not None:
                     self._metrics.replayed.inc(len(rows))
                 await asyncio.to_thread(spool.remove, segment)
+        self._outcomes.clear()
         for orphan in [o for o in self._orphans if o.records == 0]:
             orphan.close()
+            orphan.discard()  # a dead proxy's directory, replayed: nothing is left in it
             self._orphans.remove(orphan)
         if self._spooling:
             log.warning("turn writer: the database is back; the spool is replayed")
@@ -364,7 +455,7 @@ class TurnWriter:
             return
         try:
             began = time.perf_counter()
-            await self._store.write_rows(todo)
+            late = await self._store.write_rows(todo)
             if self._metrics is not None:
                 self._metrics.write_latency.observe(time.perf_counter() - began)
         except (Conflict, InvalidRequest) as exc:
@@ -372,12 +463,51 @@ class TurnWriter:
                 for turn in todo:
                     await self._write([turn], settled)
                 return
-            # Deliberately swallowed: this record can never be stored; counted in dropped.
+            await self._quarantine_turn(todo[0], exc)
             settled.add(todo[0].id)
-            self._drop(todo[0].id, exc.message)
             return
         self.written += len({turn.id for turn in todo})
-        settled.update(turn.id for turn in todo)
+        self._count_late(late)
+        for turn in todo:
+            settled.add(turn.id)
+            self._outcomes[turn.id] = Durability.LATE if turn.id in late else Durability.RECORDED
+
+    def _count_late(self, late: set[str]) -> None:
+        if late:
+            self.late += len(late)
+            if self._metrics is not None:
+                self._metrics.late.inc(len(late))
+            log.warning(
+                "turn writer: %d turns reached the database after their session finished; "
+                "stored as failed",
+                len(late),
+            )
+
+    async def _quarantine_turn(self, turn: StoredTurn, exc: LegoError) -> None:
+        """A turn the database refused for good: kept aside, reported, and replaced by the
+        row it can take, so the turns after it still build on it. A database outage while
+        writing that row raises, and the turn is retried like any other."""
+        self.quarantined += 1
+        if self._metrics is not None:
+            self._metrics.quarantined.inc()
+        log.error("turn writer: the database refused turn %s: %s; quarantined", turn.id, exc)
+        if self._quarantine is not None:
+            try:
+                await asyncio.to_thread(self._quarantine.append, [turn])
+            except OSError as error:
+                log.error("turn writer: cannot quarantine turn %s: %s", turn.id, error)
+        fallback = storable(turn) if isinstance(exc, InvalidRequest) else None
+        if fallback is None:
+            self._drop(turn.id, exc.message)
+            return
+        try:
+            late = await self._store.write_rows([fallback])
+        except (Conflict, InvalidRequest) as error:
+            self._drop(turn.id, error.message)
+            return
+        self.written += 1
+        self._count_late(late)
+        self._outcomes[turn.id] = Durability.LATE if turn.id in late else Durability.RECORDED
 
     def _drop(self, turn_id: str, reason: str) -> None:
         self.dropped += 1

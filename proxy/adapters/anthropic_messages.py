@@ -45,7 +45,15 @@ from kernel.errors import (
 from proxy.adapters.base import StreamState
 from proxy.adapters.signing import ReasoningSigner
 from proxy.adapters.sse import sse_frame
-from proxy.adapters.wire import Wire, ignored_extras, invalid, missing, one_of
+from proxy.adapters.wire import (
+    Name,
+    Wire,
+    ignored_extras,
+    invalid,
+    missing,
+    one_of,
+    refuse_unstorable,
+)
 from proxy.canonical import (
     AssistantTurn,
     ChatRequest,
@@ -127,14 +135,14 @@ class _Thinking(Wire):
 
 
 class _Body(Wire):
-    model: str
+    model: Name
     messages: list[_Message]
     max_tokens: int | None = Field(default=None, ge=1)  # required, except by count_tokens
     system: _System | None = None
     tools: list[_Tool] | None = None
     tool_choice: _ToolChoice | None = None
     thinking: _Thinking | None = None
-    stop_sequences: list[str] | None = None
+    stop_sequences: list[Name] | None = None
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=1)
@@ -260,6 +268,14 @@ def _messages(body: _Body, signer: ReasoningSigner, ignored: set[str]) -> tuple[
     for i, msg in enumerate(body.messages):
         param = f"messages[{i}].content"
         content = msg.content
+        final_assistant = msg.role == "assistant" and i == len(body.messages) - 1
+        if not content and not final_assistant:
+            # As the Messages API: only a final assistant prefill may be empty.
+            raise InvalidRequest(
+                f"messages[{i}]: all messages must have non-empty content except for the "
+                "optional final assistant message",
+                param=param,
+            )
         if msg.role == "assistant":
             blocks = [_Block(type="text", text=content)] if isinstance(content, str) else content
             out.append(_assistant_turn(blocks, param, signer, ignored))
@@ -324,6 +340,7 @@ def _canonical(body: _Body, signer: ReasoningSigner) -> ChatRequest:
     if not body.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
     ignored: set[str] = set()
+    refuse_unstorable(body)
     ignored_extras(body, "", ignored)
     ignored |= {name for name in _UNUSED_FIELDS if getattr(body, name) is not None}
     if body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use is not None:
@@ -469,6 +486,7 @@ class AnthropicMessagesAdapter:
     """Anthropic Messages <-> canonical; holds only the signer, so one instance serves all."""
 
     name = "anthropic_messages"
+    request_model: type[Wire] = _Body  # what the OpenAPI document describes
 
     def __init__(self, signer: ReasoningSigner) -> None:
         self._signer = signer

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pydantic import BaseModel
+
 from kernel.errors import LegoError
 from proxy.canonical import AssistantTurn, ChatRequest, OutputEvent
 
@@ -36,6 +38,11 @@ class StreamState:
 
 class Adapter(Protocol):
     name: str
+
+    @property
+    def request_model(self) -> type[BaseModel]:
+        """The wire body's model, which the OpenAPI document describes."""
+        ...
 
     # -- request --------------------------------------------------------------
     def parse_request(self, body: bytes) -> ChatRequest:

@@ -32,7 +32,15 @@ from kernel.errors import InvalidRequest, LegoError, Unsupported
 from proxy.adapters.base import StreamState
 from proxy.adapters.openai_errors import error_object
 from proxy.adapters.sse import sse_frame
-from proxy.adapters.wire import Wire, ignored_extras, invalid, missing, one_of
+from proxy.adapters.wire import (
+    Name,
+    Wire,
+    ignored_extras,
+    invalid,
+    missing,
+    one_of,
+    refuse_unstorable,
+)
 from proxy.canonical import (
     AssistantTurn,
     ChatRequest,
@@ -114,7 +122,7 @@ _ToolChoiceWire = Annotated[
 ]
 
 _Stop = Annotated[
-    Annotated[str, Tag("~str")] | Annotated[list[str], Tag("~list"), Field(max_length=4)],
+    Annotated[Name, Tag("~str")] | Annotated[list[Name], Tag("~list"), Field(max_length=4)],
     one_of("Input should be a string or an array of up to 4 strings"),
 ]
 
@@ -132,7 +140,7 @@ class _ResponseFormat(Wire):
 
 
 class _Body(Wire):
-    model: str
+    model: Name
     messages: list[_Message]
     tools: list[_Tool] | None = None
     tool_choice: _ToolChoiceWire | None = None
@@ -329,6 +337,7 @@ def _canonical(body: _Body) -> ChatRequest:
     if not body.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
     ignored: set[str] = set()
+    refuse_unstorable(body)
     ignored_extras(body, "", ignored)
     ignored |= _ignored_known(body)
     messages = tuple(_message(msg, i, ignored) for i, msg in enumerate(body.messages))
@@ -423,6 +432,7 @@ class OpenAIChatAdapter:
     """OpenAI Chat Completions <-> canonical; stateless, so one instance serves every request."""
 
     name = "openai_chat"
+    request_model: type[Wire] = _Body  # what the OpenAPI document describes
 
     # -- request --------------------------------------------------------------
     def parse_request(self, body: bytes) -> ChatRequest:

@@ -44,7 +44,15 @@ from proxy.adapters.base import StreamState
 from proxy.adapters.openai_errors import error_object
 from proxy.adapters.signing import ReasoningSigner
 from proxy.adapters.sse import sse_frame
-from proxy.adapters.wire import Wire, ignored_extras, invalid, missing, one_of
+from proxy.adapters.wire import (
+    Name,
+    Wire,
+    ignored_extras,
+    invalid,
+    missing,
+    one_of,
+    refuse_unstorable,
+)
 from proxy.canonical import (
     AssistantTurn,
     ChatRequest,
@@ -130,7 +138,7 @@ class _Text(Wire):
 
 
 class _Body(Wire):
-    model: str
+    model: Name
     input: _Input
     instructions: str | None = None
     tools: list[_Tool] | None = None
@@ -140,7 +148,7 @@ class _Body(Wire):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: TopK | None = None  # vLLM/SGLang extension, with SGLang's rule
     parallel_tool_calls: bool | None = None
-    previous_response_id: str | None = None
+    previous_response_id: Name | None = None
     store: bool | None = None
     stream: bool | None = None
     reasoning: _Reasoning | None = None
@@ -335,6 +343,7 @@ def _check_unsupported(body: _Body) -> None:
 def _canonical(body: _Body, signer: ReasoningSigner) -> ChatRequest:
     _check_unsupported(body)
     ignored: set[str] = set()
+    refuse_unstorable(body)
     ignored_extras(body, "", ignored)
     ignored |= {name for name in _UNUSED_FIELDS if getattr(body, name) is not None}
     if body.reasoning is not None:
@@ -527,6 +536,7 @@ class OpenAIResponsesAdapter:
     """OpenAI Responses <-> canonical; holds only the signer, so one instance serves all."""
 
     name = "openai_responses"
+    request_model: type[Wire] = _Body  # what the OpenAPI document describes
 
     def __init__(self, signer: ReasoningSigner) -> None:
         self._signer = signer

@@ -4,11 +4,21 @@ Owns the base model of every wire request model (strict types, unknown fields al
 kept, frozen), the shape discriminator for "string or array or object" unions, and the
 mapping of a pydantic ``ValidationError`` to one ``InvalidRequest`` whose ``param`` is the
 JSON path of the first offending field (``messages[0].content[1]``). It knows no protocol.
+
+It also owns the values no request may carry, whatever its protocol (``refuse_unstorable``
+walks a parsed body, unknown fields and free-form JSON included): integers outside int64
+(no upstream API takes them, orjson cannot write them, so such a turn could be served but
+never recorded), numbers that overflowed to infinity, and NUL in a field name. ``Name`` is
+a string without NUL, for the values that become database text (the model name, stop
+strings): Postgres text and JSONB cannot hold U+0000.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Discriminator, ValidationError
+import math
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, ValidationError
 from pydantic_core import ErrorDetails
 
 from kernel.errors import InvalidRequest
@@ -18,8 +28,20 @@ from kernel.errors import InvalidRequest
 _UNION_TAG = "~"
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 class Wire(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain the NUL character (U+0000)")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_no_nul)]
 
 
 def _shape_tag(value: object) -> str | None:
@@ -80,3 +102,61 @@ def ignored_extras(node: object, path: str, found: set[str]) -> None:
     elif isinstance(node, list):
         for item in node:
             ignored_extras(item, f"{path}[]", found)
+
+
+def refuse_unstorable(node: object, path: str = "", *, json_column: bool = False) -> None:
+    """Raise ``InvalidRequest`` naming the first value under ``node`` that no turn may
+    carry (see the module docstring); bodies are walked once, in document order.
+
+    ``json_column``: the value is stored in a JSON column as it is (``reward_details``),
+    so strings may not hold NUL either, and floats must stay under 2**63 in magnitude:
+    Postgres keeps ``2e19`` as the integer 20000000000000000000, which no 64-bit reader
+    takes back."""
+    if isinstance(node, BaseModel):
+        for name in type(node).model_fields:
+            where = f"{path}.{name}" if path else name
+            refuse_unstorable(getattr(node, name), where, json_column=json_column)
+        for key, value in (node.model_extra or {}).items():
+            _check_key(key, path)
+            refuse_unstorable(value, f"{path}.{key}" if path else key, json_column=json_column)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            _check_key(str(key), path)
+            where = f"{path}.{key}" if path else str(key)
+            refuse_unstorable(value, where, json_column=json_column)
+    elif isinstance(node, list | tuple):
+        for index, item in enumerate(node):
+            refuse_unstorable(item, f"{path}[{index}]", json_column=json_column)
+    elif isinstance(node, bool):
+        return
+    elif isinstance(node, int):
+        if not INT64_MIN <= node <= INT64_MAX:
+            raise InvalidRequest(
+                f"invalid value for '{path}': integers must fit in 64 bits", param=path
+            )
+    elif isinstance(node, float):
+        if not math.isfinite(node):
+            raise InvalidRequest(f"invalid value for '{path}': numbers must be finite", param=path)
+        if json_column and abs(node) >= 2.0**63:
+            raise InvalidRequest(
+                f"invalid value for '{path}': numbers must be under 2**63 in magnitude",
+                param=path,
+            )
+    elif isinstance(node, str) and json_column:
+        _no_nul_in(node, path)
+
+
+def _no_nul_in(value: str, path: str) -> None:
+    if "\x00" in value:
+        raise InvalidRequest(
+            f"invalid value for '{path}': text must not contain NUL (U+0000)", param=path
+        )
+
+
+def _check_key(key: str, path: str) -> None:
+    if "\x00" in key:
+        where = path or "body"
+        raise InvalidRequest(
+            f"invalid field name under '{where}': names must not contain NUL (U+0000)",
+            param=path or None,
+        )

@@ -15,6 +15,9 @@ Contract:
   ``root`` and ``fork`` render the whole conversation (the one full render on the hot
   path; forks are rare) and report the longest token prefix shared with any committed
   turn as ``reused_prefix_len`` and that turn as the parent.
+- ``await plan_off_loop(session_id, request, max_prompt_tokens=n)`` is the same plan with
+  each large render in a worker thread, refusing (``ContextLengthExceeded``) before it
+  starts a render of more text than ``n`` tokens can hold.
 - A retry (a request equal to one already answered) gets that turn's prompt again.
 - ``keep_reasoning=False`` mimics templates that drop the reasoning of answers before the
   last user query: a new user query after a turn whose tokens hold such reasoning forks
@@ -39,13 +42,16 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+import asyncio
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 from transformers import PreTrainedTokenizerBase
 
+from kernel.errors import ContextLengthExceeded
 from proxy.canonical import ChatRequest, Message
 from proxy.ledger.classify import fork_reason, settle, side_requests_before
 from proxy.ledger.codec import decode_message
@@ -70,6 +76,35 @@ _CONTINUATIONS = (Classification.EXTEND, Classification.REALIGN)
 # The generation prompt (``<|im_start|>assistant\n<think>\n\n</think>\n\n`` at most) sits
 # after the prompt's last eos within this many ids.
 _GENERATION_PROMPT_WINDOW = 32
+# Renders of less text than this run on the event loop: a thread hop would cost more.
+INLINE_RENDER_CHARS = 32 * 1024
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Render:
+    """One render a plan needs: how much text it renders, and the render itself."""
+
+    chars: int
+    run: Callable[[], TokenIds]
+
+
+_Steps = Generator[_Render, TokenIds, _T]
+
+
+def _chars(messages: Sequence[Message]) -> int:
+    """Characters of message text a render tokenizes (a lower bound of its work)."""
+    return sum(
+        len(m.content) + len(m.reasoning or "") + sum(len(c.arguments) for c in m.tool_calls)
+        for m in messages
+    )
+
+
+def max_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The most characters one token of ``tokenizer`` stands for (its longest entry; a
+    byte-level vocabulary writes a byte as one character, so this also bounds bytes)."""
+    vocabulary: dict[str, int] = tokenizer.get_vocab()
+    return max((len(token) for token in vocabulary), default=1) or 1
 
 
 class LedgerBook:
@@ -87,6 +122,7 @@ class LedgerBook:
         self._keep_reasoning = keep_reasoning
         think = tokenizer.encode("<think>", add_special_tokens=False)
         self._think_id: int | None = think[0] if len(think) == 1 else None
+        self._max_token_chars = max_token_chars(tokenizer)
         self._sessions: SessionLru[SessionTree] = SessionLru(max_sessions)
 
     def self_check(self) -> None:
@@ -113,9 +149,52 @@ class LedgerBook:
 
     # -- planning ---------------------------------------------------------------
     def plan(self, session_id: str, request: ChatRequest) -> PromptPlan:
+        steps = self._plan(session_id, request)
+        try:
+            render = next(steps)
+            while True:
+                render = steps.send(render.run())
+        except StopIteration as done:
+            plan: PromptPlan = done.value
+            return plan
+
+    async def plan_off_loop(
+        self, session_id: str, request: ChatRequest, *, max_prompt_tokens: int
+    ) -> PromptPlan:
+        """``plan``, with every large render run in a worker thread (the tokenizer lets go
+        of the GIL), so a huge request never stalls other sessions' streams or the health
+        probes. A render whose text cannot fit ``max_prompt_tokens`` (it has more than
+        that many times the longest token's characters) raises ``ContextLengthExceeded``
+        before it starts: refusing costs time in the budget, not in the body."""
+        steps = self._plan(session_id, request)
+        try:
+            render = next(steps)
+            while True:
+                if render.chars > max_prompt_tokens * self._max_token_chars:
+                    raise ContextLengthExceeded(
+                        f"the prompt holds {render.chars} characters to render, more than "
+                        f"{max_prompt_tokens} tokens can hold",
+                        param="messages",
+                    )
+                if render.chars < INLINE_RENDER_CHARS:
+                    ids = render.run()
+                else:
+                    ids = await asyncio.to_thread(render.run)
+                render = steps.send(ids)
+        except StopIteration as done:
+            plan: PromptPlan = done.value
+            return plan
+
+    def _whole(self, request: ChatRequest) -> _Render:
+        return _Render(_chars(request.messages), lambda: TokenIds(self._renderer.render(request)))
+
+    def _plan(self, session_id: str, request: ChatRequest) -> _Steps[PromptPlan]:
+        """The plan, as steps: it yields each render it needs and is sent back the ids.
+        Between steps the session may gain turns (commits only add), which is the same
+        as a commit landing right after a plan."""
         tree = self._sessions.get(session_id)
         if tree is None or not tree.nodes:
-            prompt = TokenIds(self._renderer.render(request))
+            prompt = yield self._whole(request)
             fingerprints = self._fingerprinter.of(request)
             return PromptPlan(
                 prompt, Classification.ROOT, None, None, 0, len(request.messages), fingerprints
@@ -138,7 +217,7 @@ class LedgerBook:
                 and turn.carries_reasoning
                 and any(m.role == "user" for m in new)
             ):
-                prompt = TokenIds(self._renderer.render(request))
+                prompt = yield self._whole(request)
                 reused = shared_length(prompt, tree.tokens(turn))
                 return PromptPlan(
                     prompt,
@@ -149,10 +228,10 @@ class LedgerBook:
                     len(request.messages),
                     fingerprints,
                 )
-            return self._continue(tree, turn, new, request, fingerprints)
+            return (yield from self._continue(tree, turn, new, request, fingerprints))
         roots = side_requests_before(tree, request, fingerprints)
         if roots is not None:
-            prompt = TokenIds(self._renderer.render(request))
+            prompt = yield self._whole(request)
             return PromptPlan(
                 prompt,
                 Classification.ROOT,
@@ -164,7 +243,7 @@ class LedgerBook:
                 roots,
             )
         reason = fork_reason(tree, request, fingerprints)
-        prompt = TokenIds(self._renderer.render(request))
+        prompt = yield self._whole(request)
         parent, reused = tree.common_prefix(prompt)
         return PromptPlan(
             prompt,
@@ -183,9 +262,12 @@ class LedgerBook:
         new: Sequence[Message],
         request: ChatRequest,
         fingerprints: Fingerprints,
-    ) -> PromptPlan:
+    ) -> _Steps[PromptPlan]:
         closing = () if turn.ended_with_eos else self._incremental.closing_ids
-        suffix = self._incremental.suffix_ids(new, request.enable_thinking)
+        suffix = yield _Render(
+            _chars(new),
+            lambda: TokenIds(self._incremental.suffix_ids(new, request.enable_thinking)),
+        )
         prompt = TokenIds.join(tree.tokens(turn), closing, suffix)  # one copy per turn
         return PromptPlan(
             prompt,

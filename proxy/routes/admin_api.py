@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -30,6 +31,8 @@ from pydantic import BaseModel, ValidationError
 from kernel.errors import InvalidRequest, LegoError
 from proxy.routes.auth import require_admin
 from recorder.records import EXCLUDED_TERMINATIONS, SessionInfo
+
+log = logging.getLogger(__name__)
 
 JSON = "application/json"
 ErrorRenderer = Callable[[LegoError], tuple[int, bytes]]
@@ -49,12 +52,18 @@ def admin_endpoint(
         try:
             require_admin(request.headers.get("authorization", ""), admin_key, api)
             result = await handler(state_of(request), request)
+            if not isinstance(result, Response):
+                result = Response(orjson.dumps(result, option=_OPTIONS), media_type=JSON)
         except LegoError as exc:
             status, content = render_error(exc)
             return Response(content, status_code=status, media_type=JSON)
-        if isinstance(result, Response):
-            return result
-        return Response(orjson.dumps(result, option=_OPTIONS), media_type=JSON)
+        except Exception as exc:
+            # A bug: the caller still gets the API's error envelope, never a bare text 500.
+            log.exception("unexpected error in the %s", api)
+            error = LegoError(f"internal error ({type(exc).__name__}); see the proxy's log")
+            status, content = render_error(error)
+            return Response(content, status_code=status, media_type=JSON)
+        return result
 
     return endpoint
 

@@ -1,11 +1,15 @@
 """Control API for orchestrators and trainers (admin key): runs, sessions, trajectories.
 
 Owns the control API's wire models and routes. Errors use the same envelope as the
-OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``).
+OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``). A session's
+``group_size`` declares how many samples its prompt group has; closing a group says it
+has them all (``recorder.groups`` owns the rules; a session that may not join is 409).
+Reads flush this proxy's turn writer first, for at most ``FLUSH_TIMEOUT_S`` (then 503).
 
     POST /api/v1/runs                          {"name"}                       -> run
     GET  /api/v1/runs?cursor=&limit=                              -> {"items", "next_cursor"}
     POST /api/v1/runs/{run_id}/sessions        {"task_id", "group_id", ...}   -> session + key
+    POST /api/v1/runs/{run_id}/groups/{group_id}/close                        -> group
     POST /api/v1/sessions/{id}/finish          {"termination", "reward"}      -> session
     GET  /api/v1/sessions/{id}                                                -> session
     GET  /api/v1/sessions/{id}/trajectory                                     -> segments
@@ -13,13 +17,18 @@ OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``).
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, field_validator
 
+from kernel.errors import InvalidRequest, RecorderUnavailable
+from proxy.adapters.wire import Name, refuse_unstorable
+from proxy.openapi import json_body
 from proxy.routes.admin_api import (
     ErrorRenderer,
     admin_endpoint,
@@ -39,11 +48,16 @@ from recorder.trajectory import build_segments
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Finite numbers only: NaN and Infinity are not JSON, and no column keeps them.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+INT32_MAX = 2**31 - 1  # what an Integer column holds
+FLUSH_TIMEOUT_S = 10.0
 
 
 class CreateRun(_Strict):
-    name: str = Field(min_length=1, max_length=256)
+    name: Name = Field(min_length=1, max_length=256)
 
 
 class SessionSampling(_Strict):
@@ -51,35 +65,42 @@ class SessionSampling(_Strict):
 
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: TopK | None = None
+    top_k: TopK | None = Field(default=None, le=INT32_MAX)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: SamplingSeed | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
 
 class CreateSession(_Strict):
-    task_id: str = Field(min_length=1, max_length=512)
-    group_id: str = Field(min_length=1, max_length=512)
-    sample_index: int = Field(default=0, ge=0)
-    harness: str = Field(default="unknown", max_length=128)
+    task_id: Name = Field(min_length=1, max_length=512)
+    group_id: Name = Field(min_length=1, max_length=512)
+    sample_index: int = Field(default=0, ge=0, le=INT32_MAX)
+    # How many sessions the group has: it is exported once that many are finished.
+    group_size: int | None = Field(default=None, ge=1, le=10_000)
+    harness: Name = Field(default="unknown", max_length=128)
     sampling: SessionSampling = SessionSampling()
-    max_prompt_tokens: int | None = Field(default=None, ge=1)
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_prompt_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
 
 def _reward(value: object) -> float | list[float] | None:
     # One validator instead of a union, so an error names the field, not a union member.
     if value is None:
         return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, list) and value:
-        numbers = [
-            float(x) for x in value if isinstance(x, int | float) and not isinstance(x, bool)
-        ]
-        if len(numbers) == len(value):
-            return numbers
-    raise ValueError("reward must be a number or a non-empty list of numbers")
+    if _is_number(value):
+        return float(value)  # type: ignore[arg-type]
+    if isinstance(value, list) and value and all(_is_number(x) for x in value):
+        return [float(x) for x in value]
+    raise ValueError("reward must be a finite number or a non-empty list of finite numbers")
+
+
+def _is_number(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer past the float range
+        return False
 
 
 Reward = Annotated[float | list[float] | None, PlainValidator(_reward)]
@@ -89,6 +110,16 @@ class FinishSession(_Strict):
     termination: Termination
     reward: Reward = None  # a scalar, or a vector of objectives
     reward_details: dict[str, JsonValue] | None = None
+
+    @field_validator("reward_details")
+    @classmethod
+    def _storable(cls, value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        # Stored in a JSON column and read back by every claim: refuse what would not be.
+        try:
+            refuse_unstorable(value, json_column=True)
+        except InvalidRequest as exc:
+            raise ValueError(exc.message) from None
+        return value
 
 
 def _state(request: Request) -> AppState:
@@ -133,9 +164,22 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             max_prompt_tokens=body.max_prompt_tokens,
             max_output_tokens=body.max_output_tokens,
         )
-        session = await state.store.create_session(spec)
+        session = await state.store.create_session(spec, group_size=body.group_size)
         state.sessions.put(session)
         return {**session_json(session, public_url), "key": session.key}
+
+    async def close_group(state: AppState, request: Request) -> object:
+        group = await state.store.close_group(
+            request.path_params["run_id"], request.path_params["group_id"]
+        )
+        return {
+            "run_id": group.run_id,
+            "group_id": group.group_id,
+            "size": group.size,
+            "sessions": group.sessions,
+            "closed": group.closed,
+            "exported": group.exported,
+        }
 
     async def finish_session(state: AppState, request: Request) -> object:
         body = parse_body(FinishSession, await request.body())
@@ -151,13 +195,24 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         state.metrics.sessions_finished.labels(termination=body.termination.value).inc()
         return session_json(session, public_url)
 
+    async def flushed(state: AppState) -> None:
+        """This proxy's turns are in the database (bounded: an outage answers 503)."""
+        try:
+            async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                await state.writer.flush()
+        except TimeoutError:
+            raise RecorderUnavailable(
+                "the recorder is still writing this proxy's turns (is the database down?); "
+                "retry in a while"
+            ) from None
+
     async def get_session(state: AppState, request: Request) -> object:
-        await state.writer.flush()
+        await flushed(state)
         session = await state.store.get_session(request.path_params["session_id"])
         return session_json(session, public_url)
 
     async def trajectory(state: AppState, request: Request) -> object:
-        await state.writer.flush()
+        await flushed(state)
         session = await state.store.get_session(request.path_params["session_id"])
         turns = await state.store.list_turns(session.id)
         relabelled_by = SideRequests.of((t.id, t.side_requests) for t in turns).named_by
@@ -203,10 +258,25 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             ],
         }
 
-    router.add_api_route("/runs", admin(create_run), methods=["POST"])
+    router.add_api_route(
+        "/runs", admin(create_run), methods=["POST"], openapi_extra=json_body(CreateRun)
+    )
     router.add_api_route("/runs", admin(list_runs), methods=["GET"])
-    router.add_api_route("/runs/{run_id}/sessions", admin(create_session), methods=["POST"])
-    router.add_api_route("/sessions/{session_id}/finish", admin(finish_session), methods=["POST"])
+    router.add_api_route(
+        "/runs/{run_id}/sessions",
+        admin(create_session),
+        methods=["POST"],
+        openapi_extra=json_body(CreateSession),
+    )
+    router.add_api_route(
+        "/runs/{run_id}/groups/{group_id}/close", admin(close_group), methods=["POST"]
+    )
+    router.add_api_route(
+        "/sessions/{session_id}/finish",
+        admin(finish_session),
+        methods=["POST"],
+        openapi_extra=json_body(FinishSession),
+    )
     router.add_api_route("/sessions/{session_id}", admin(get_session), methods=["GET"])
     router.add_api_route("/sessions/{session_id}/trajectory", admin(trajectory), methods=["GET"])
     return router

@@ -19,6 +19,7 @@ frame is sent at once and then whenever ``PING_INTERVAL_S`` pass without an even
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -31,10 +32,13 @@ from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter, count_to
 from proxy.adapters.base import Adapter, StreamState
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter
 from proxy.canonical import AssistantTurn, ChatRequest, OutputEvent, collect
+from proxy.openapi import json_body
 from proxy.pipeline import PreparedTurn
 from proxy.routes.responses_state import resolve_previous_response
 from proxy.state import AppState
 from recorder.records import SessionInfo
+
+log = logging.getLogger(__name__)
 
 JSON = "application/json"
 FIRST_EVENT_WAIT_S = 1.0
@@ -92,6 +96,10 @@ async def _cancel(task: asyncio.Task[OutputEvent | None], events: Events) -> Non
     await events.aclose()
 
 
+def internal_error(exc: BaseException) -> LegoError:
+    return LegoError(f"internal error ({type(exc).__name__}); the proxy's log has the details")
+
+
 def error_reply(adapter: Adapter, error: LegoError) -> Response:
     """The adapter's error shape and status, plus ``Retry-After`` when the caller should wait."""
     status, content = adapter.error_response(error)
@@ -114,7 +122,9 @@ async def handle_turn(
         session = await state.sessions.active(session_key(request, path_key))
         chat = adapter.parse_request(body)
         for name in chat.ignored_fields:
-            metrics.ignored_fields.labels(adapter=adapter.name, field=name).inc()
+            metrics.ignored_fields.labels(
+                adapter=adapter.name, field=metrics.ignored_field(name)
+            ).inc()
         if resolve is not None:
             chat = await resolve(state, session, chat)
         await state.pipeline.admit(session)
@@ -145,6 +155,11 @@ async def handle_turn(
     except LegoError as exc:
         metrics.requests.labels(adapter=adapter.name, status=str(exc.status)).inc()
         return error_reply(adapter, exc)
+    except Exception as exc:
+        # A bug: the harness still gets its protocol's error, never a bare text 500.
+        log.exception("unexpected error in a %s request", adapter.name)
+        metrics.requests.labels(adapter=adapter.name, status="500").inc()
+        return error_reply(adapter, internal_error(exc))
 
 
 async def _collect_unless_disconnected(request: Request, events: Events) -> AssistantTurn | None:
@@ -201,6 +216,11 @@ async def _frames(
     except LegoError as exc:
         for frame in adapter.stream_error(stream, exc):
             yield frame
+    except Exception as exc:
+        # A bug mid-stream: end it with the protocol's in-band error, not a cut connection.
+        log.exception("unexpected error in a %s stream", adapter.name)
+        for frame in adapter.stream_error(stream, internal_error(exc)):
+            yield frame
     finally:
         await _cancel(pending, events)
 
@@ -240,6 +260,9 @@ def build_router(
             prepared = await state.pipeline.prepare(session, messages.parse_count_request(body))
         except LegoError as exc:
             return error_reply(messages, exc)
+        except Exception as exc:
+            log.exception("unexpected error in count_tokens")
+            return error_reply(messages, internal_error(exc))
         return Response(count_tokens_response(len(prepared.prompt_ids)), media_type=JSON)
 
     async def preconnect(request: Request) -> Response:
@@ -247,14 +270,30 @@ def build_router(
         return Response(status_code=200)
 
     for prefix in ("", "/s/{key}"):
-        router.add_api_route(f"{prefix}/v1/chat/completions", turn_route(chat), methods=["POST"])
+        router.add_api_route(
+            f"{prefix}/v1/chat/completions",
+            turn_route(chat),
+            methods=["POST"],
+            openapi_extra=json_body(chat.request_model),
+        )
         router.add_api_route(f"{prefix}/v1/models", models, methods=["GET"])
-        router.add_api_route(f"{prefix}/v1/messages", turn_route(messages), methods=["POST"])
-        router.add_api_route(f"{prefix}/v1/messages/count_tokens", count_tokens, methods=["POST"])
+        router.add_api_route(
+            f"{prefix}/v1/messages",
+            turn_route(messages),
+            methods=["POST"],
+            openapi_extra=json_body(messages.request_model),
+        )
+        router.add_api_route(
+            f"{prefix}/v1/messages/count_tokens",
+            count_tokens,
+            methods=["POST"],
+            openapi_extra=json_body(messages.request_model),
+        )
         router.add_api_route(
             f"{prefix}/v1/responses",
             turn_route(responses, resolve_previous_response),
             methods=["POST"],
+            openapi_extra=json_body(responses.request_model),
         )
         router.add_api_route(f"{prefix}/", preconnect, methods=["HEAD"])
     router.add_api_route("/s/{key}", preconnect, methods=["HEAD"])

@@ -2,9 +2,13 @@
 
 Authentication: ``Authorization: Bearer <admin key>``, or the ``lego_ui`` cookie that
 ``POST /ui/login`` (form field ``key``) sets: HttpOnly, SameSite=Strict, scoped to
-``/ui``, holding a digest derived from the admin key rather than the key itself. A
-browser without either is redirected to the login form; a wrong Bearer key gets 401.
-Errors (unknown run, bad page) render as an HTML page with the error's status.
+``/ui``, expiring (``Max-Age``, and checked on the server), revoked by ``POST /ui/logout``,
+never holding the admin key (``proxy.routes.ui_login``). Wrong keys are throttled per
+client address (429 with ``Retry-After`` once locked out). A browser without either is
+redirected to the login form; a wrong Bearer key gets 401. Every UI response forbids
+framing and carries a Content-Security-Policy (scripts and styles from ``/ui/static``
+only; inline style attributes, which the pages use for colours, are allowed). Errors
+(unknown run, bad page) render as an HTML page with the error's status.
 
     GET  /ui                                 runs
     GET  /ui/runs/{run_id}                   overview + collapse check
@@ -18,8 +22,8 @@ Errors (unknown run, bad page) render as an HTML page with the error's status.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
+import logging
+import math
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
@@ -29,10 +33,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from transformers import PreTrainedTokenizerBase
 
-from kernel.errors import InvalidRequest, LegoError, NotFound
+from kernel.errors import InvalidRequest, LegoError, NotFound, Overloaded
 from kernel.paths import default_model_dir
 from proxy.render import load_tokenizer
 from proxy.routes.auth import require_admin
+from proxy.routes.ui_login import LoginGuard
 from proxy.settings import Settings
 from proxy.state import AppState
 from proxy.ui.pages import Pages
@@ -40,7 +45,20 @@ from recorder.read_models.overview import load_overview
 from recorder.read_models.session_view import load_session
 from recorder.read_models.tables import load_runs, load_sessions, load_tasks
 
+log = logging.getLogger(__name__)
+
 COOKIE = "lego_ui"
+SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+}
+MAX_PAGE = 1_000_000
 _STATIC = {"ui.css": "text/css", "ui.js": "text/javascript"}
 Handler = Callable[[AppState, Request], Awaitable[str]]
 
@@ -63,9 +81,14 @@ class _Tokens:
 
 def _page_number(request: Request) -> int:
     raw = request.query_params.get("page", "1")
-    if not raw.isdigit():
-        raise InvalidRequest("page must be a positive integer", param="page")
+    if not raw.isdigit() or len(raw) > 7 or int(raw) > MAX_PAGE:
+        raise InvalidRequest(f"page must be an integer from 1 to {MAX_PAGE}", param="page")
     return int(raw)
+
+
+def _html(body: str, status: int) -> HTMLResponse:
+    headers = {"cache-control": "no-store", **SECURITY_HEADERS}
+    return HTMLResponse(body, status_code=status, headers=headers)
 
 
 def _safe_next(value: str) -> str:
@@ -76,7 +99,7 @@ def _safe_next(value: str) -> str:
 def build_router(settings: Settings) -> APIRouter:
     router = APIRouter(prefix="/ui")
     admin_key = settings.effective_admin_key.encode()
-    cookie_value = hmac.new(admin_key, b"lego-proxy live ui", hashlib.sha256).hexdigest()
+    guard = LoginGuard(admin_key)
     pages = Pages()
     tokens = _Tokens(settings.tokenizer_path or default_model_dir(settings.data_dir))
 
@@ -85,8 +108,7 @@ def build_router(settings: Settings) -> APIRouter:
         if auth is not None:
             require_admin(auth, admin_key, "live UI")
             return True
-        cookie = request.cookies.get(COOKIE, "")
-        return hmac.compare_digest(cookie.encode(), cookie_value.encode())
+        return guard.valid(request.cookies.get(COOKIE, ""))
 
     def page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -98,8 +120,11 @@ def build_router(settings: Settings) -> APIRouter:
                 state: AppState = request.app.state.lego
                 html = await handler(state, request)
             except LegoError as exc:
-                return HTMLResponse(pages.error(exc.status, exc.message), status_code=exc.status)
-            return HTMLResponse(html, headers={"cache-control": "no-store"})
+                return _html(pages.error(exc.status, exc.message), exc.status)
+            except Exception as exc:
+                log.exception("unexpected error in the live UI")
+                return _html(pages.error(500, f"internal error ({type(exc).__name__})"), 500)
+            return _html(html, 200)
 
         return endpoint
 
@@ -127,18 +152,26 @@ def build_router(settings: Settings) -> APIRouter:
 
     async def login_form(request: Request) -> Response:
         next_url = _safe_next(request.query_params.get("next", "/ui"))
-        return HTMLResponse(pages.login(None, next_url))
+        return _html(pages.login(None, next_url), 200)
 
     async def login(request: Request) -> Response:
-        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        form = parse_qs((await request.body())[: 64 * 1024].decode("utf-8", "replace"))
         key = (form.get("key") or [""])[0]
         next_url = _safe_next((form.get("next") or ["/ui"])[0])
-        if not hmac.compare_digest(key.encode(), admin_key):
-            return HTMLResponse(pages.login("That is not the admin key.", next_url), 401)
-        response = RedirectResponse(next_url, status_code=303)
+        client = request.client.host if request.client is not None else "-"
+        try:
+            guard.check(client, key)
+        except Overloaded as exc:
+            refused = _html(pages.login(exc.message, next_url), 429)
+            refused.headers["retry-after"] = str(max(1, math.ceil(exc.retry_after_s)))
+            return refused
+        except LegoError as exc:
+            return _html(pages.login(exc.message, next_url), exc.status)
+        response = RedirectResponse(next_url, status_code=303, headers=SECURITY_HEADERS)
         response.set_cookie(
             COOKIE,
-            cookie_value,
+            guard.issue(),
+            max_age=int(guard.ttl_s),
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
@@ -147,7 +180,8 @@ def build_router(settings: Settings) -> APIRouter:
         return response
 
     async def logout(request: Request) -> Response:
-        response = RedirectResponse("/ui/login", status_code=303)
+        guard.revoke(request.cookies.get(COOKIE, ""))  # a copy of the cookie stops working
+        response = RedirectResponse("/ui/login", status_code=303, headers=SECURITY_HEADERS)
         response.delete_cookie(COOKIE, path="/ui")
         return response
 
@@ -155,7 +189,7 @@ def build_router(settings: Settings) -> APIRouter:
         name = request.path_params["name"]
         if name not in _STATIC:
             error = NotFound(f"no static file {name!r}")
-            return HTMLResponse(pages.error(error.status, error.message), status_code=404)
+            return _html(pages.error(error.status, error.message), 404)
         body = resources.files("proxy.ui").joinpath("static", name).read_bytes()
         return Response(body, media_type=_STATIC[name], headers={"cache-control": "max-age=300"})
 

@@ -9,6 +9,7 @@ assertions have no place on a shared machine).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -22,9 +23,10 @@ import pytest
 
 from kernel.paths import default_model_dir
 from kernel.threaded import free_port
-from proxy.app import spool_directory
 from proxy.settings import Settings
-from recorder.spool import Spool
+from recorder.disks import RecorderDisks
+from recorder.migrate import upgrade_database
+from recorder.store import Store
 from tests.cli.conftest import children_of, clean_env, is_running
 
 
@@ -103,13 +105,23 @@ def test_a_used_port_is_reported(lego_proxy: str, tmp_path: Path) -> None:
 
 def test_a_data_dir_another_proxy_serves_from_is_reported(lego_proxy: str, tmp_path: Path) -> None:
     port = free_port()
-    # What a live proxy on this data dir and port holds: its spool, locked.
-    held = Spool.open(spool_directory(Settings(data_dir=tmp_path, port=port)))
+    url = Settings(data_dir=tmp_path).effective_database_url
+    asyncio.run(upgrade_database(url))
+    # What a live proxy on this data dir, database and port holds: its spool, locked.
+    held = RecorderDisks(tmp_path, asyncio.run(_identity(url))).spool(port)
     try:
         env = clean_env(LEGO_DATA_DIR=str(tmp_path), LEGO_PORT=str(port))
         assert_refused(serve_until_exit(lego_proxy, env), "another lego-proxy", "LEGO_DATA_DIR")
     finally:
         held.close()
+
+
+async def _identity(url: str) -> str:
+    store = await Store.open(url)
+    try:
+        return await store.identity()
+    finally:
+        await store.close()
 
 
 def test_a_backend_url_without_a_tokenizer_says_which_setting_is_missing(

@@ -339,6 +339,7 @@ def test_readyz_reports_the_database_and_each_backend(
     shared_database: str, loop_engine_url: str, model_dir: Path, tmp_path: Path
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
+    keyed = {"authorization": f"Bearer {ADMIN_KEY}"}
     with replicas(
         1,
         database_url=shared_database,
@@ -346,32 +347,40 @@ def test_readyz_reports_the_database_and_each_backend(
         model_dir=model_dir,
         root=tmp_path,
     ) as group:
-        ready = httpx.get(f"{group.url(0)}/readyz", timeout=5)
+        ready = httpx.get(f"{group.url(0)}/readyz", headers=keyed, timeout=5)
         assert ready.status_code == 200
         body = ready.json()
-        assert body["database"]["ok"] is True
+        assert body["database"] == {"ok": True, "error": None}
         assert body["backends"] == [
             {"url": dead, "ok": False},
             {"url": loop_engine_url, "ok": True},
         ]
+        # Without the admin key: the verdict, never a URL or an error text.
+        anonymous = httpx.get(f"{group.url(0)}/readyz", timeout=5)
+        assert anonymous.status_code == 200
+        assert anonymous.json()["backends"] == {"ok": 1, "total": 2}
+        assert "127.0.0.1" not in anonymous.text
         assert httpx.get(f"{group.url(0)}/healthz", timeout=5).status_code == 200
 
     with replicas(
         1, database_url=shared_database, backend_url=dead, model_dir=model_dir, root=tmp_path
     ) as group:
-        not_ready = httpx.get(f"{group.url(0)}/readyz", timeout=5)
+        not_ready = httpx.get(f"{group.url(0)}/readyz", headers=keyed, timeout=5)
         assert not_ready.status_code == 503
         assert not_ready.json()["backends"] == [{"url": dead, "ok": False}]
         assert not_ready.json()["database"]["ok"] is True
 
 
-def test_readyz_is_unavailable_while_the_database_is_down(
+def test_readyz_stays_ready_while_the_database_is_down(
     stoppable_postgres: PostgresServer,
     loop_engine_url: str,
     model_dir: Path,
     tmp_path: Path,
 ) -> None:
+    """Turns are spooled during an outage, so the replica keeps serving: readiness must
+    not take it (and every other replica) out of the load balancer (issue 16, item 8)."""
     database_url = asyncio.run(stoppable_postgres.create_database("lego_outage"))
+    keyed = {"authorization": f"Bearer {ADMIN_KEY}"}
     with replicas(
         1,
         database_url=database_url,
@@ -381,15 +390,19 @@ def test_readyz_is_unavailable_while_the_database_is_down(
     ) as group:
         stoppable_postgres.stop()
         try:
-            response = httpx.get(f"{group.url(0)}/readyz", timeout=5)
+            response = httpx.get(f"{group.url(0)}/readyz", headers=keyed, timeout=5)
+            anonymous = httpx.get(f"{group.url(0)}/readyz", timeout=5)
         finally:
             stoppable_postgres.start()
-        assert response.status_code == 503
+        assert response.status_code == 200
         body = response.json()
+        assert body["status"] == "ready"
         assert body["database"]["ok"] is False
         assert body["database"]["error"]
+        assert body["recorder"]["durable"] is True
         assert body["backends"] == [{"url": loop_engine_url, "ok": True}]
         assert response.elapsed.total_seconds() < 3
+        assert anonymous.json()["database"] == {"ok": False}  # no raw error without a key
         assert httpx.get(f"{group.url(0)}/readyz", timeout=5).status_code == 200
 
 
@@ -427,3 +440,50 @@ def test_a_pause_sent_to_one_replica_holds_turns_on_every_replica(
                 f"{group.url(index)}/s/{key}/v1/chat/completions", json=chat, timeout=60
             )
             assert answered.status_code == 200, answered.text
+
+
+def test_finish_is_a_barrier_on_every_replica(
+    shared_database: str, loop_engine_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 16, item 6: a turn served by one replica is in the export of a finish and a
+    claim sent at once to another, and a finished session takes no turn anywhere."""
+    with replicas(
+        2,
+        database_url=shared_database,
+        backend_url=loop_engine_url,
+        model_dir=model_dir,
+        root=tmp_path,
+    ) as group:
+        serving, finishing = group.url(1), group.url(0)
+        with admin(finishing) as client:
+            run = client.post("/api/v1/runs", json={"name": f"barrier-{uuid.uuid4().hex[:8]}"})
+            run_id = run.raise_for_status().json()["id"]
+            chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            sessions = []
+            for index in range(8):
+                body = {"task_id": "t", "group_id": f"g{index}"}
+                session = client.post(f"/api/v1/runs/{run_id}/sessions", json=body).json()
+                served = httpx.post(
+                    f"{serving}/s/{session['key']}/v1/chat/completions", json=chat, timeout=60
+                )
+                assert served.status_code == 200, served.text
+                # At once, on the other replica: the turn is already in the database.
+                assert len(trajectory(finishing, session["id"])["turns"]) == 1
+                client.post(
+                    f"/api/v1/sessions/{session['id']}/finish",
+                    json={"termination": "completed", "reward": 1.0},
+                ).raise_for_status()
+                sessions.append(session)
+            claim = client.post(f"/api/v1/runs/{run_id}/claims", json={"groups": 100})
+            groups = claim.raise_for_status().json()["groups"]
+        assert len(groups) == len(sessions)
+        for claimed in groups:
+            (sample,) = claimed["samples"]
+            (segment,) = sample["segments"]
+            assert len(segment["turn_ids"]) == 1
+        # The replica that served them learns of the finish on the very next turn.
+        late = httpx.post(
+            f"{serving}/s/{sessions[0]['key']}/v1/chat/completions", json=chat, timeout=60
+        )
+        assert late.status_code == 409, late.text
+        assert late.json()["error"]["code"] == "conflict"

@@ -91,8 +91,25 @@ def test_production_refuses_a_missing_or_default_admin_key(
 
 def test_production_accepts_a_real_admin_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LEGO_ENV", "production")
-    monkeypatch.setenv("LEGO_ADMIN_KEY", "a-real-secret")
-    assert Settings().effective_admin_key == "a-real-secret"
+    monkeypatch.setenv("LEGO_ADMIN_KEY", "a-real-secret-of-some-length")
+    assert Settings().effective_admin_key == "a-real-secret-of-some-length"
+
+
+@pytest.mark.parametrize("admin_key", ["a", "short-secret", " " * 20])
+def test_production_refuses_a_weak_admin_key(
+    monkeypatch: pytest.MonkeyPatch, admin_key: str
+) -> None:
+    monkeypatch.setenv("LEGO_ENV", "production")
+    monkeypatch.setenv("LEGO_ADMIN_KEY", admin_key)
+    with pytest.raises(ValidationError, match="LEGO_ADMIN_KEY"):
+        Settings()
+
+
+def test_a_key_read_with_its_trailing_newline_still_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secret file ends with a newline no header or login form can carry (issue 16)."""
+    monkeypatch.setenv("LEGO_ENV", "production")
+    monkeypatch.setenv("LEGO_ADMIN_KEY", "a-real-secret-of-some-length\n")
+    assert Settings().effective_admin_key == "a-real-secret-of-some-length"
 
 
 def test_development_may_use_the_dev_key_explicitly(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -156,7 +156,7 @@ async def test_stale_groups_are_held_back_and_counted(stores: tuple[Store, Expor
     await add_group(store, run, "old", [("completed", 1.0)], version="v0")
     await add_group(store, run, "unknown", [("completed", 1.0)], version="never-announced")
     await add_group(store, run, "fresh", [("completed", 1.0)], version="v2")
-    straddling = await add_group(store, run, "straddle", [("completed", 1.0)], version="v2")
+    straddling = await add_group(store, run, "straddle", [None], version="v2")
     # One turn of "straddle" has tokens from v1 (a pause-abort resumption across an update).
     turn = dataclasses.replace(
         make_turn(straddling[0], 1, output=(1, 2, 3)),
@@ -164,6 +164,7 @@ async def test_stale_groups_are_held_back_and_counted(stores: tuple[Store, Expor
         weight_version_spans=(("v1", 0, 2), ("v2", 2, 3)),
     )
     await store.write_turns([turn])
+    await store.finish_session(straddling[0], "completed", 1.0, None)
 
     claim = await exports.claim(run, 10, max_staleness=1, lease_s=600)
     assert {g.group_id: g.staleness for g in claim.groups} == {"fresh": 0, "straddle": 1}

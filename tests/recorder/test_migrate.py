@@ -21,9 +21,9 @@ from sqlalchemy.engine import Connection
 from kernel.errors import InvalidRequest, RecorderError
 from recorder.database import create_engine
 from recorder.migrate import alembic_config, upgrade_database
-from recorder.records import SessionSpec
-from recorder.rows import encode_turn
-from recorder.schema import metadata, turns
+from recorder.records import SessionInfo, SessionSpec, SessionStatus
+from recorder.rows import encode_turn, session_values
+from recorder.schema import metadata, sessions, turns
 from recorder.scratch_postgres import PostgresServer
 from recorder.store import Store
 from tests.recorder.builders import make_turn
@@ -152,7 +152,10 @@ async def test_requests_stored_before_0005_stay_readable_and_downgrade_rebuilds_
     try:
         run = await store.create_run(f"run-{uuid.uuid4().hex[:8]}")
         spec = SessionSpec(run_id=run.id, task_id="t", group_id="g", sample_index=0, harness="h")
-        session = (await store.create_session(spec)).id
+        info = SessionInfo(uuid.uuid4().hex, "k-" + uuid.uuid4().hex, spec, SessionStatus.ACTIVE, 0)
+        session = info.id
+        async with store.engine.begin() as conn:  # the 0004 schema has no prompt groups
+            await conn.execute(insert(sessions).values(**session_values(info)))
         old = [
             dataclasses.replace(
                 make_turn(session, 0),

@@ -119,9 +119,9 @@ class SeenRows:
         seen = self
 
         class SpyJournal(Journal):
-            async def append(self, row: StoredTurn) -> None:
+            async def append(self, row: StoredTurn) -> bool:
                 seen.journaled.append(row)
-                await super().append(row)
+                return await super().append(row)
 
         return SpyJournal(Spool.open(directory))
 
@@ -129,9 +129,9 @@ class SeenRows:
         seen = self
 
         class SpyStore(Store):
-            async def write_rows(self, stored: Sequence[StoredTurn]) -> None:
+            async def write_rows(self, stored: Sequence[StoredTurn]) -> set[str]:
                 seen.written.extend(stored)
-                await super().write_rows(stored)
+                return await super().write_rows(stored)
 
         return await SpyStore.open(url)
 
