@@ -73,12 +73,18 @@ def expert_shape(model_dir: Path) -> ExpertShape | None:
 
 
 async def _sync_pauses(
-    exports: ExportStore, gate: RunGate, settings: Settings, metrics: Metrics
+    exports: ExportStore,
+    gate: RunGate,
+    backend: SGLangBackend,
+    settings: Settings,
+    metrics: Metrics,
 ) -> None:
-    """Keep this replica's gate in step with the runs paused in the database."""
+    """Keep this replica's gate in step with the runs paused in the database, and its
+    backend with the workers taken out of rotation."""
     while True:
         try:
             gate.sync(await asyncio.wait_for(exports.paused_runs(), 1.0))
+            backend.exclude(await asyncio.wait_for(exports.worker_exclusions(), 1.0))
         except (TimeoutError, LegoError):
             # Deliberately swallowed: a database outage must not stop inference; the gate
             # keeps its last known state until the next poll succeeds.
@@ -200,7 +206,9 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.lego = state
             app.state.lego_backend = backend
             backend.start()
-            pause_sync = asyncio.create_task(_sync_pauses(exports, gate, settings, metrics))
+            pause_sync = asyncio.create_task(
+                _sync_pauses(exports, gate, backend, settings, metrics)
+            )
             yield
             pause_sync.cancel()
         finally:

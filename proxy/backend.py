@@ -17,6 +17,8 @@ worker is marked down when a connection to it fails or a stream from it breaks, 
 background probe of ``/health`` (``start``/``close``) marks it up again. A turn whose
 connection failed before anything was sent moves to the next worker; a turn whose stream
 broke is not re-sent (it was already sampling) and ends in a retryable ``BackendError``.
+A worker a trainer took out of rotation after a failed weight sync (``exclude``, from the
+database's ``worker_exclusions``) gets no turn, in list mode, until it is put back.
 The same background probe re-reads a router's worker list and reads the ``/server_info``
 of every worker it has not read yet (one that joined, or was down at start-up): the limits
 tighten to the new worker's, and a worker that cannot serve what the proxy records
@@ -46,7 +48,7 @@ import base64
 import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -163,6 +165,7 @@ class SGLangBackend:
         self._behind_router: tuple[str, ...] = ()  # its workers, for the calls it drops
         self._infos: dict[str, ServerInfo] = {}
         self._unchecked: set[str] = set()  # answered, but without a /server_info
+        self._excluded: dict[str, str] = {}  # url -> why a trainer took it out of rotation
         self.limits = BackendLimits.of(context_length)
 
     def is_up(self, url: str) -> bool:
@@ -179,11 +182,27 @@ class SGLangBackend:
             return self._behind_router
         return tuple(self._workers)
 
+    def exclude(self, excluded: Mapping[str, str]) -> None:
+        """The workers a trainer took out of rotation (url -> why; the database's
+        ``worker_exclusions``, which every replica polls): no turn goes to them."""
+        known = {url.rstrip("/"): why for url, why in excluded.items()}
+        for url in self._workers:
+            if url in known and url not in self._excluded:
+                _log.warning("backend worker %s is out of rotation: %s", url, known[url])
+            elif url in self._excluded and url not in known:
+                _log.warning("backend worker %s is back in rotation", url)
+        self._excluded = {url: why for url, why in known.items() if url in self._workers}
+
     def route(self, routing_key: str) -> list[str]:
         """Workers to try for ``routing_key``, best first: those believed up in rendezvous
         order, then the ones believed down (a stale belief must not refuse every turn).
-        A worker found incompatible is never tried."""
-        usable = [u for u, w in self._workers.items() if w.incompatible is None]
+        A worker found incompatible, or taken out of rotation, is never tried (unless that
+        leaves none: then every worker is, so a stale exclusion cannot stop all turns)."""
+        usable = [
+            u
+            for u, w in self._workers.items()
+            if w.incompatible is None and u not in self._excluded
+        ]
         ranked = rendezvous_order(routing_key, usable or list(self._workers))
         return [u for u in ranked if self._workers[u].up] + [
             u for u in ranked if not self._workers[u].up

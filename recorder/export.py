@@ -27,6 +27,9 @@ Contract:
   could not be completed).
 - ``record_alignment``/``list_alignment``: the trainer's per-step alignment reports
   (posting a step again replaces it).
+- ``set_worker_exclusions(exclude, include)`` / ``worker_exclusions()``: backend workers a
+  trainer took out of rotation (url -> why) after a failed weight sync to a plain worker
+  list; every replica polls them with the paused runs and routes no turn to them.
 
 Unknown runs and batches raise ``NotFound``; database failures ``RecorderError``.
 """
@@ -36,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import case, delete, func, select, update
@@ -56,6 +59,7 @@ from recorder.schema import (
     sessions,
     turns,
     weight_versions,
+    worker_exclusions,
 )
 
 log = logging.getLogger(__name__)
@@ -146,6 +150,34 @@ class ExportStore:
         async with transaction(self._engine, "list paused runs") as conn:
             result = await conn.execute(select(runs.c.id).where(runs.c.paused.is_(True)))
             return frozenset(str(row[0]) for row in result)
+
+    # -- worker exclusions ------------------------------------------------------------
+    async def set_worker_exclusions(
+        self, exclude: Mapping[str, str], include: Iterable[str]
+    ) -> dict[str, str]:
+        """Take the ``exclude`` workers (url -> why) out of rotation and put ``include``
+        back; the exclusions in force afterwards. Excluding one again replaces its reason."""
+        urls = [url.rstrip("/") for url in exclude]
+        async with transaction(self._engine, "set worker exclusions") as conn:
+            back = [url.rstrip("/") for url in include]
+            if urls or back:
+                await conn.execute(
+                    delete(worker_exclusions).where(worker_exclusions.c.url.in_([*urls, *back]))
+                )
+            if urls:
+                now = time.time()
+                await conn.execute(
+                    worker_exclusions.insert(),
+                    [
+                        {"url": url, "reason": reason, "created_at": now}
+                        for url, reason in zip(urls, exclude.values(), strict=True)
+                    ],
+                )
+            return await _exclusions(conn)
+
+    async def worker_exclusions(self) -> dict[str, str]:
+        async with transaction(self._engine, "list worker exclusions") as conn:
+            return await _exclusions(conn)
 
     # -- claims -------------------------------------------------------------------
     async def claim(
@@ -393,6 +425,11 @@ class ExportStore:
                 )
                 for row in rows
             ]
+
+
+async def _exclusions(conn: AsyncConnection) -> dict[str, str]:
+    rows = await conn.execute(select(worker_exclusions).order_by(worker_exclusions.c.url))
+    return {str(row.url): str(row.reason) for row in rows}
 
 
 async def _require_run(conn: AsyncConnection, run_id: str) -> None:

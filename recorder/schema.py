@@ -201,3 +201,13 @@ alignment_reports = Table(
     Column("flagged", Integer, nullable=False),
     Column("created_at", Double, nullable=False),
 )
+
+# Backend workers a trainer took out of rotation after a failed weight sync (migration
+# 0008): every replica reads this, as it reads paused runs, and routes no turn to them.
+worker_exclusions = Table(
+    "worker_exclusions",
+    metadata,
+    Column("url", Text, primary_key=True),
+    Column("reason", Text, nullable=False),
+    Column("created_at", Double, nullable=False),
+)

@@ -6,7 +6,8 @@ Owns the trainer's HTTP, nothing else:
 - ``ExportClient`` (admin key): ``claim`` complete groups of a run, in ``binv1`` by default
   (raw little-endian arrays, read as views of the body) or ``json``/``b64v1``, decoded by
   ``recorder.export_wire.decode_claim`` into its frozen ``ClaimedBatch``; ``ack`` a batch,
-  ``pause``/``resume`` the run around a weight sync, ``announce_weight_version``, and
+  ``pause``/``resume`` the run around a weight sync, ``set_worker_exclusions`` (workers out
+  of every replica's rotation after a failed sync), ``announce_weight_version``, and
   ``post_alignment`` metrics.
 - ``JsonClient``: the pooled client both build on (``trainer_bridge.weights`` too);
   ``raise_for(response)``: an HTTP error status as the exception tree (below).
@@ -122,6 +123,13 @@ class ExportClient(JsonClient):
 
     def resume(self) -> None:
         self.post(f"/api/v1/runs/{self.run_id}/resume", {})
+
+    def set_worker_exclusions(self, exclude: dict[str, str], include: list[str]) -> dict[str, str]:
+        """Take ``exclude`` workers (url -> why) out of every replica's rotation, put
+        ``include`` back; the exclusions in force afterwards."""
+        body = {"exclude": exclude, "include": include}
+        excluded = self.post("/api/v1/workers/exclusions", body).json()["excluded"]
+        return {str(url): str(why) for url, why in excluded.items()}
 
     def announce_weight_version(self, version: str) -> int:
         """Tell the proxy ``version`` is now served; return its announcement index."""

@@ -191,7 +191,8 @@ def _publish(
     # without the proxy recording it.
     export.pause()
     try:
-        weights.publish(str(path.resolve()), version)
+        report = weights.publish(str(path.resolve()), version)
+        export.set_worker_exclusions(*report.rotation_changes())
         export.announce_weight_version(version)
     finally:
         export.resume()

@@ -25,8 +25,9 @@ is removed from the router when there is one, then continued, so the turns waiti
 pause finish instead of hanging, on the weights it still has and labelled with the version
 it reports (SGLang's ``meta_info.weight_version``), so the proxy records them as what they
 are and the export's staleness bound keeps them out of optimisation. With a plain worker
-list there is no router to take it out of: the report names it, for the operator to remove
-from ``LEGO_BACKEND_URL``. ``publish`` raises ``BackendError`` when no worker took the new
+list there is no router to take it out of: the trainer records it in the proxy's worker
+exclusions (``trainer_bridge.train``), and every replica stops routing turns to it until a
+later sync succeeds on it. ``publish`` raises ``BackendError`` when no worker took the new
 weights (there is nothing left to train against).
 """
 
@@ -58,6 +59,19 @@ class SyncReport:
     updated: tuple[str, ...]  # workers now serving ``version``
     failed: tuple[tuple[str, str], ...]  # (worker URL, what went wrong)
     removed: tuple[str, ...]  # failed workers taken out of the router
+
+    def rotation_changes(self) -> tuple[dict[str, str], list[str]]:
+        """(workers to take out of the proxy's rotation with why, workers to put back).
+
+        A failed worker of a plain list keeps serving the old policy, so it goes out of
+        every replica's rotation (one behind smg was removed from the router already); a
+        worker that took this version comes back if an earlier sync had taken it out."""
+        out = {
+            url: f"weight sync to {self.version} failed: {why}"
+            for url, why in self.failed
+            if url not in self.removed
+        }
+        return out, list(self.updated)
 
 
 def discover_workers(http: httpx.Client, backend_url: str) -> tuple[str | None, tuple[Worker, ...]]:

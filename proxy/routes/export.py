@@ -13,6 +13,12 @@ Errors use the control API's envelope (``{"error": {"message", "type", "param", 
     POST /api/v1/batches/{batch_id}/ack                            -> {batch_id, acked}
     POST /api/v1/runs/{run_id}/alignment  {"step", "weight_version", "metrics", "flagged"}
     GET  /api/v1/runs/{run_id}/alignment                           -> {"reports": [...]}
+    POST /api/v1/workers/exclusions  {"exclude": {url: why}, "include": [url]}
+    GET  /api/v1/workers/exclusions                                -> {"excluded": {url: why}}
+
+Worker exclusions are how a trainer takes a worker of a plain ``LEGO_BACKEND_URL`` list out
+of rotation after its weight sync failed (with an smg router it removes it there): every
+replica reads them with the paused runs and routes no turn to those workers.
 
 Claims flush this proxy's turn writer first, so a finished session's turns are in the
 database before its group is delivered. The claim's shape, its schema version and its
@@ -119,6 +125,18 @@ class AlignmentBody(_Strict):
     weight_version: Name = Field(min_length=1, max_length=256)
     metrics: dict[Annotated[Name, Field(max_length=128)], _Metric | None] = Field(max_length=256)
     flagged: bool = False
+
+
+_WorkerUrl = Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://")]
+
+
+class WorkerExclusionsBody(_Strict):
+    """Workers to take out of rotation (url -> why) and to put back."""
+
+    exclude: dict[_WorkerUrl, Annotated[Name, Field(max_length=2048)]] = Field(
+        default_factory=dict, max_length=1024
+    )
+    include: list[_WorkerUrl] = Field(default_factory=list, max_length=1024)
 
 
 def _state(request: Request) -> ExportState:
@@ -265,7 +283,22 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         reports = await state.exports.list_alignment(run_id(request))
         return {"reports": [_alignment_json(r) for r in reports]}
 
+    async def set_exclusions(state: ExportState, request: Request) -> object:
+        body = parse_body(WorkerExclusionsBody, await request.body())
+        excluded = await state.exports.set_worker_exclusions(body.exclude, body.include)
+        return {"excluded": excluded}
+
+    async def get_exclusions(state: ExportState, request: Request) -> object:
+        return {"excluded": await state.exports.worker_exclusions()}
+
     runs = "/runs/{run_id}"
+    router.add_api_route(
+        "/workers/exclusions",
+        admin(set_exclusions),
+        methods=["POST"],
+        openapi_extra=json_body(WorkerExclusionsBody),
+    )
+    router.add_api_route("/workers/exclusions", admin(get_exclusions), methods=["GET"])
     router.add_api_route(
         f"{runs}/weight_versions",
         admin(announce),

@@ -153,3 +153,23 @@ async def test_an_abort_of_a_finished_rid_reaches_every_worker(taps: list[Backen
         backend = SGLangBackend(client, [t.url for t in taps], None)
         await backend.abort("gone")
         assert all(t.aborts == [{"rid": "gone"}] for t in taps)
+
+
+def test_a_worker_taken_out_of_rotation_gets_no_turn_until_it_is_put_back() -> None:
+    urls = [f"http://w{i}:30000" for i in range(3)]
+    backend = SGLangBackend(httpx.AsyncClient(), urls, None)
+    keys = [f"session-{i}" for i in range(60)]
+    first = {k: backend.route(k)[0] for k in keys}
+    assert urls[0] in first.values()
+
+    backend.exclude({urls[0]: "weight sync to step-3 failed", "http://elsewhere:1": "x"})
+
+    for key in keys:
+        route = backend.route(key)
+        assert urls[0] not in route
+        if first[key] != urls[0]:
+            assert route[0] == first[key]  # only the excluded worker's sessions move
+    backend.exclude({})
+    assert {k: backend.route(k)[0] for k in keys} == first
+    backend.exclude({url: "every sync failed" for url in urls})
+    assert sorted(backend.route("k")) == sorted(urls)  # never no worker at all

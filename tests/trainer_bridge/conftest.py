@@ -97,7 +97,13 @@ def rollout_stack(
     model_dir: Path, data_dir: Path, dtype: str = "float32"
 ) -> Iterator[RolloutStack]:
     with running_engine(
-        EngineConfig(model_path=model_dir, dtype=dtype, enable_return_routed_experts=True)
+        EngineConfig(
+            model_path=model_dir,
+            dtype=dtype,
+            enable_return_routed_experts=True,
+            # The sessions pin seeds: without this the engine ignores them, as SGLang does.
+            enable_deterministic_inference=True,
+        )
     ) as engine_url:
         port = free_port()
         settings = Settings(

@@ -23,7 +23,7 @@ from engine.loopback import running_engine
 from kernel.errors import BackendError
 from kernel.threaded import serve
 from tests.support.smg import listed_workers, running_smg
-from trainer_bridge.weights import WeightSync, discover_workers
+from trainer_bridge.weights import SyncReport, WeightSync, discover_workers
 
 SLOW = {"rules": [{"match": "slow", "reply": "tick " * 40, "delay_s": 0.02}], "default": "OK."}
 
@@ -132,3 +132,15 @@ def test_no_worker_taking_the_weights_is_an_error(engines: list[str], tmp_path: 
     with WeightSync(",".join(engines)) as sync, pytest.raises(BackendError, match="no worker"):
         sync.publish(str(tmp_path / "missing"), "step-4")
     assert all(httpx.get(f"{url}/ready").status_code == 200 for url in engines)
+
+
+def test_a_failed_worker_of_a_list_leaves_the_rotation_and_an_updated_one_comes_back() -> None:
+    report = SyncReport(
+        version="step-4",
+        updated=("http://a:1",),
+        failed=(("http://b:1", "update: cannot load weights"), ("http://c:1", "pause: down")),
+        removed=("http://c:1",),  # behind smg: out of the router already
+    )
+    exclude, include = report.rotation_changes()
+    assert exclude == {"http://b:1": "weight sync to step-4 failed: update: cannot load weights"}
+    assert include == ["http://a:1"]
