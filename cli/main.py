@@ -159,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_demo)
 
+    from cli import rollout_cmd, sandbox_cmd, tasks_cmd
+
+    tasks_cmd.add_parser(commands)
+    rollout_cmd.add_parser(commands)
+    sandbox_cmd.add_parser(commands)
+
     # Listed for --help; main() hands everything after "train" to trainer_bridge's own parser.
     commands.add_parser("train", help="run trainer_bridge (lego-proxy train --help)")
     return parser

@@ -154,3 +154,18 @@ class ConfigurationError(LegoError):
 class RecorderUnavailable(RecorderError):
     status = 503
     code = "recorder_unavailable"
+
+
+class SandboxError(LegoError):
+    """A sandbox could not be created or run (the backend is missing, refused the spec,
+    or its process died before the command ran). A trial that meets it is an
+    ``env_setup_failure``, never a zero reward."""
+
+    code = "sandbox_error"
+
+
+class TaskError(LegoError):
+    """A task directory is malformed (``task.json`` invalid, a patch or the repository
+    missing) or its image could not be built; the message names the task and the cause."""
+
+    code = "task_error"

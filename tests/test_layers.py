@@ -1,7 +1,11 @@
 """The packages stack one way: the import graph has no arrow from a lower layer up.
 
     kernel  <-  recorder, engine  <-  proxy  <-  trainer_bridge  <-  cli
+    kernel  <-  sandbox  <-  tasks  <-  rollouts                 <-  cli
                                                   bench, tests (above everything)
+
+The rollout side talks to the proxy only over HTTP, so it imports nothing of the proxy,
+the recorder or the engine.
 
 Every import statement in the tree is read (module level and inside functions), so a
 wrong-way import fails here whatever path it hides on. Two more rules keep the boundaries
@@ -19,7 +23,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("kernel", "recorder", "engine", "proxy", "trainer_bridge", "cli", "bench", "tests")
+PACKAGES = (
+    "kernel",
+    "recorder",
+    "engine",
+    "proxy",
+    "trainer_bridge",
+    "sandbox",
+    "tasks",
+    "rollouts",
+    "cli",
+    "bench",
+    "tests",
+)
+EVERYTHING = frozenset(PACKAGES) - {"bench", "tests"}
 # What each package may import of the project, besides itself.
 ALLOWED: dict[str, frozenset[str]] = {
     "kernel": frozenset(),
@@ -27,12 +44,15 @@ ALLOWED: dict[str, frozenset[str]] = {
     "engine": frozenset({"kernel"}),
     "proxy": frozenset({"kernel", "recorder"}),
     "trainer_bridge": frozenset({"kernel", "recorder"}),
-    "cli": frozenset({"kernel", "recorder", "engine", "proxy", "trainer_bridge"}),
-    "bench": frozenset({"kernel", "recorder", "engine", "proxy", "trainer_bridge", "cli"}),
-    "tests": frozenset({"kernel", "recorder", "engine", "proxy", "trainer_bridge", "cli"}),
+    "sandbox": frozenset({"kernel"}),
+    "tasks": frozenset({"kernel", "sandbox"}),
+    "rollouts": frozenset({"kernel", "sandbox", "tasks"}),
+    "cli": EVERYTHING - {"cli"},
+    "bench": EVERYTHING,
+    "tests": EVERYTHING,
 }
 # Only the recorder speaks SQL; these packages may not import it at all.
-NO_SQL = ("kernel", "engine", "proxy", "trainer_bridge")
+NO_SQL = ("kernel", "engine", "proxy", "trainer_bridge", "sandbox", "tasks", "rollouts")
 SQL_MODULES = ("sqlalchemy", "recorder.schema")
 
 
