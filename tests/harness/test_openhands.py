@@ -1,6 +1,6 @@
 """OpenHands SDK (PyPI ``openhands-sdk``), unmodified, over OpenAI Chat through LiteLLM.
 
-The SDK runs in its own Python 3.12 venv (``openhands_driver.py``). It declares
+The SDK runs in its own Python 3.12 venv (``rollouts/openhands_driver.py``). It declares
 ``terminal{command,is_input,timeout,reset,summary,security_risk}``, omits the assistant's
 ``content`` key, drops ``reasoning_content`` and re-serializes arguments with ``json.dumps``.
 """
