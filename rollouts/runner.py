@@ -1,0 +1,156 @@
+"""The rollout runner: every (epoch, task, sample) becomes a session, a trial, a finish.
+
+``run_rollout(control, tasks, config, trial)`` checks the run first (wrong admin key,
+unknown run, unreachable proxy: a ``ConfigurationError`` before anything starts), then
+runs ``config.concurrency`` trials at a time on worker threads. Each job
+
+1. creates its session (task id, group id ``<task>.e<epoch>``, sample index, group size,
+   harness) through the control API,
+2. runs ``trial(task, harness, endpoint, stopwatch)`` (``rollouts.trial.run_trial`` bound
+   to a ``TrialSetup``; the stopwatch started before the session was made, so the
+   bookkeeping is the ``other`` stage),
+3. finishes the session with the trial's termination, reward, per-test results, stage
+   times and defense events (``finish_body``).
+
+A progress line goes to ``progress`` after each trial. An error of the runner itself (the
+control API refuses a finish) stops new jobs, lets the running ones end, and is raised;
+nothing here kills sandboxes: each backend ties its sandboxes to this process's life.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from pydantic import JsonValue
+
+from rollouts.control import ControlClient, Finish, NewSession
+from rollouts.harnesses import HARNESSES, Endpoint
+from rollouts.stages import Stages, Stopwatch
+from rollouts.trial import TrialResult
+from tasks.spec import Task
+
+Trial = Callable[[Task, str, Endpoint, Stopwatch], TrialResult]
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutConfig:
+    run_id: str
+    harness: str
+    group_size: int
+    epochs: int = 1
+    concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        if self.harness not in HARNESSES:
+            raise ValueError(f"unknown harness {self.harness!r}; one of {', '.join(HARNESSES)}")
+        for name in ("group_size", "epochs", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    task: Task
+    epoch: int
+    sample_index: int
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.task.id}.e{self.epoch}"
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    job: Job
+    session_id: str
+    result: TrialResult
+
+    @property
+    def termination(self) -> str:
+        return self.result.termination
+
+    @property
+    def stages(self) -> Stages:
+        return self.result.stages
+
+
+def jobs(tasks: Sequence[Task], config: RolloutConfig) -> list[Job]:
+    """Epoch by epoch, task by task, every sample of a group next to each other."""
+    return [
+        Job(task, epoch, index)
+        for epoch in range(config.epochs)
+        for task in tasks
+        for index in range(config.group_size)
+    ]
+
+
+def finish_body(result: TrialResult) -> Finish:
+    details: dict[str, JsonValue] | None = None
+    ending = result.ending
+    if ending.grade is not None:
+        details = ending.grade.as_json()
+    elif ending.detail:
+        details = {"reason": ending.detail}
+    return Finish(
+        termination=result.termination,
+        reward=result.reward,
+        reward_details=details,
+        stages=result.stages.as_json(),
+        events=[dict(event.as_json()) for event in ending.events],
+    )
+
+
+def run_rollout(
+    control: ControlClient,
+    tasks: Sequence[Task],
+    config: RolloutConfig,
+    trial: Trial,
+    progress: Progress = print,
+) -> list[Finished]:
+    control.check_run(config.run_id)
+    todo = jobs(tasks, config)
+    done: list[Finished] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def one(job: Job) -> None:
+        if stop.is_set():
+            return
+        watch = Stopwatch()
+        body = NewSession(
+            task_id=job.task.id,
+            group_id=job.group_id,
+            sample_index=job.sample_index,
+            group_size=config.group_size,
+            harness=config.harness,
+        )
+        session = control.create_session(config.run_id, body)
+        endpoint = Endpoint(session.key, session.openai_base_url, session.anthropic_base_url)
+        result = trial(job.task, config.harness, endpoint, watch)
+        control.finish(session.id, finish_body(result))
+        with lock:
+            done.append(Finished(job, session.id, result))
+            count = len(done)
+        reward = "-" if result.reward is None else f"{result.reward:g}"
+        progress(
+            f"[{count}/{len(todo)}] {job.group_id} #{job.sample_index} {config.harness}: "
+            f"{result.termination} reward={reward} ({result.stages.total:.1f} s)"
+        )
+
+    with ThreadPoolExecutor(config.concurrency, thread_name_prefix="trial") as pool:
+        futures: list[Future[None]] = [pool.submit(one, job) for job in todo]
+        finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [f for f in finished if f.exception() is not None]
+        if failed:
+            stop.set()
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            error = failed[0].exception()
+            assert error is not None
+            raise error
+    return done
