@@ -51,10 +51,12 @@ from recorder import groups, rows
 from recorder.conversations import Conversation, StoredRequest, rebuild
 from recorder.database import create_engine, is_sqlite, parse_url, transaction
 from recorder.records import (
+    DefenseEvent,
     RunInfo,
     SessionInfo,
     SessionSpec,
     SessionStatus,
+    StageTimes,
     TurnArrays,
     TurnRecord,
     TurnStatus,
@@ -189,6 +191,9 @@ class Store:
         termination: str,
         reward: float | tuple[float, ...] | None,
         reward_details: dict[str, object] | None,
+        *,
+        stages: StageTimes | None = None,
+        defense_events: Sequence[DefenseEvent] = (),
     ) -> SessionInfo:
         async with transaction(self._engine, f"finish session {session_id}") as conn:
             # The status guard makes finishing atomic: of two concurrent calls one wins.
@@ -201,6 +206,7 @@ class Store:
                     termination=termination,
                     **rows.reward_values(reward),
                     reward_details=reward_details,
+                    **rows.trial_values(stages, defense_events),
                     finished_at=time.time(),
                 )
             )
