@@ -88,13 +88,30 @@ def jobs(tasks: Sequence[Task], config: RolloutConfig) -> list[Job]:
     ]
 
 
-def finish_body(result: TrialResult) -> Finish:
-    details: dict[str, JsonValue] | None = None
+def reward_details(result: TrialResult) -> dict[str, JsonValue] | None:
+    """Per-test results (SWE-bench's rule per test), and why an excluded trial ended."""
     ending = result.ending
+    details: dict[str, JsonValue] = {}
+    if ending.detail:
+        details["reason"] = ending.detail
     if ending.grade is not None:
-        details = ending.grade.as_json()
-    elif ending.detail:
-        details = {"reason": ending.detail}
+        details["tests"] = [
+            {
+                "id": test.test_id,
+                "expected": test.expected.value,
+                "status": test.status,
+                "passed": test.passed,
+            }
+            for test in ending.grade.tests
+        ]
+    if ending.agent is not None:
+        details["harness_exit"] = ending.agent.returncode
+    return details or None
+
+
+def finish_body(result: TrialResult) -> Finish:
+    ending = result.ending
+    details = reward_details(result)
     return Finish(
         termination=result.termination,
         reward=result.reward,

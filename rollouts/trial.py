@@ -33,7 +33,7 @@ from rollouts.harnesses import Endpoint, Layout, plan_for
 from rollouts.stages import Stage, Stages, Stopwatch
 from sandbox.spec import Mount, Network, ProxyRoute, Sandbox, SandboxSpec, Workspace
 from tasks.events import DefenseEvent
-from tasks.grading import GradeResult, grade
+from tasks.grading import GradeResult, GradeTermination, grade
 from tasks.images import WORKSPACE_TARGET, build_image
 from tasks.spec import Task
 
@@ -191,7 +191,10 @@ def _stages(
 
     with watch.stage(Stage.VERIFICATION):
         try:
-            graded = grade(task, image, workspace.upper, setup.grader_sandbox)
+            graded = grade(task, image, workspace, setup.grader_sandbox)
         except (TaskError, SandboxError) as exc:
             return Ending(Termination.GRADER_ERROR, exc.message, events, agent)
-    return Ending(Termination.COMPLETED, "", (*events, *graded.events), agent, graded)
+    events = (*events, *graded.events)
+    if graded.termination is not GradeTermination.COMPLETED or graded.reward is None:
+        return Ending(Termination.GRADER_ERROR, graded.detail, events, agent, graded)
+    return Ending(Termination.COMPLETED, graded.detail, events, agent, graded)
