@@ -30,6 +30,7 @@ from rollouts.control import ControlClient, Finish, NewSession
 from rollouts.harnesses import HARNESSES, Endpoint
 from rollouts.stages import Stages, Stopwatch
 from rollouts.trial import TrialResult
+from tasks.events import DefenseEvent
 from tasks.spec import Task
 
 Trial = Callable[[Task, str, Endpoint, Stopwatch], TrialResult]
@@ -117,8 +118,12 @@ def finish_body(result: TrialResult) -> Finish:
         reward=result.reward,
         reward_details=details,
         stages=result.stages.as_json(),
-        events=[dict(event.as_json()) for event in ending.events],
+        events=[_event_json(event) for event in ending.events],
     )
+
+
+def _event_json(event: DefenseEvent) -> dict[str, JsonValue]:
+    return {"kind": event.kind.value, "detail": event.detail, "items": list(event.items)}
 
 
 def run_rollout(

@@ -34,7 +34,8 @@ from rollouts.stages import Stage, Stages, Stopwatch
 from sandbox.spec import Mount, Network, ProxyRoute, Sandbox, SandboxSpec, Workspace
 from tasks.events import DefenseEvent
 from tasks.grading import GradeResult, GradeTermination, grade
-from tasks.images import WORKSPACE_TARGET, build_image
+from tasks.images import build_image
+from tasks.sandboxing import SANDBOX_GID, SANDBOX_UID, WORKSPACE_TARGET
 from tasks.spec import Task
 
 RUNTIME_TARGET = "/opt/lego/harness"
@@ -150,7 +151,9 @@ def _stages(
             directory.mkdir(parents=True)
 
     with watch.stage(Stage.AGENT_SETUP):
-        layout = Layout(home=HOME_TARGET, workspace=WORKSPACE_TARGET, runtime=RUNTIME_TARGET)
+        # The agent's shell gets the image's toolchain first on PATH (its tests run there).
+        path = image.env.get("PATH", "/usr/bin:/bin")
+        layout = Layout(HOME_TARGET, WORKSPACE_TARGET, RUNTIME_TARGET, path=path)
         inside = endpoint.rebased(f"http://127.0.0.1:{setup.proxy.inside_port}")
         plan = plan_for(harness, layout, inside, task.instruction)
         plan.write_files(home)
@@ -166,6 +169,8 @@ def _stages(
             proxy=setup.proxy,
             env={**image.env, **plan.env},
             cwd=WORKSPACE_TARGET,
+            uid=SANDBOX_UID,
+            gid=SANDBOX_GID,
             timeout_s=task.agent_timeout_s,
         )
 

@@ -26,23 +26,26 @@ def task_prompt(harness: str, scenario: str = "basic") -> str:
     return f"LEGO-TASK-{harness}-{scenario}: create out.txt containing the greeting."
 
 
-def _call(name: str, arguments: dict[str, Any]) -> str:
+WRITE_THOUGHT = "The task needs a file; I will write it with the shell tool."
+
+
+def _call(name: str, arguments: dict[str, Any], thought: str) -> str:
     payload = json.dumps({"name": name, "arguments": arguments})
-    return (
-        "<think>\nThe task needs a file; I will write it with the shell tool.\n</think>\n\n"
-        f"<tool_call>\n{payload}\n</tool_call>"
-    )
+    return f"<think>\n{thought}\n</think>\n\n<tool_call>\n{payload}\n</tool_call>"
 
 
-def _shell_call(harness: str, command: str) -> str:
+def shell_call(
+    harness: str, command: str, *, thought: str = WRITE_THOUGHT, what: str = "Write out.txt"
+) -> str:
+    """A reply calling ``harness``'s own shell tool with its own argument schema."""
     if harness == "opencode":
-        return _call("bash", {"command": command, "description": "Write out.txt"})
+        return _call("bash", {"command": command, "description": what}, thought)
     if harness == "claude-code":
-        return _call("Bash", {"command": command, "description": "Write out.txt"})
+        return _call("Bash", {"command": command, "description": what}, thought)
     if harness == "codex":
-        return _call("exec_command", {"cmd": command})
-    arguments = {"command": command, "summary": "write out.txt", "security_risk": "LOW"}
-    return _call("terminal", arguments)
+        return _call("exec_command", {"cmd": command}, thought)
+    arguments = {"command": command, "summary": what.lower(), "security_risk": "LOW"}
+    return _call("terminal", arguments, thought)
 
 
 def _write(harness: str) -> str:
@@ -77,10 +80,10 @@ def _rules() -> list[dict[str, str]]:
         {"match": r"<tool_response>", "reply": FINAL_ANSWER},
     ]
     for harness in HARNESSES:
-        bulky = _shell_call(harness, f"{_write(harness)} && {BULKY_OUTPUT}")
+        bulky = shell_call(harness, f"{_write(harness)} && {BULKY_OUTPUT}")
         rules.append({"match": f"LEGO-TASK-{harness}-bulky", "reply": bulky})
         rules.append(
-            {"match": f"LEGO-TASK-{harness}-", "reply": _shell_call(harness, _write(harness))}
+            {"match": f"LEGO-TASK-{harness}-", "reply": shell_call(harness, _write(harness))}
         )
     return rules
 
