@@ -142,6 +142,13 @@ def run_rollout(
     def one(job: Job) -> None:
         if stop.is_set():
             return
+        try:
+            trial_job(job)
+        except BaseException:
+            stop.set()  # here, in the worker, so that no later job of any worker starts
+            raise
+
+    def trial_job(job: Job) -> None:
         watch = Stopwatch()
         body = NewSession(
             task_id=job.task.id,
@@ -168,7 +175,6 @@ def run_rollout(
         finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
         failed = [f for f in finished if f.exception() is not None]
         if failed:
-            stop.set()
             for future in futures:
                 future.cancel()
             wait(futures)
