@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli.main import main
 from kernel.errors import ConfigurationError
 from kernel.threaded import free_port, serve
 from proxy.app import create_app
@@ -204,3 +205,58 @@ def test_bad_rollout_settings_are_refused() -> None:
         RolloutConfig("r", "aider", group_size=1)
     with pytest.raises(ValueError, match="group_size must be at least 1"):
         RolloutConfig("r", "codex", group_size=0)
+
+
+def test_the_command_line_names_what_is_wrong(
+    proxy: str,
+    admin: httpx.Client,
+    tasks: list[Task],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    harness_dir = tmp_path / "harness"
+    (harness_dir / "npm").mkdir(parents=True)
+    pool = tasks[0].root.parent
+    base = ["rollout", "--tasks", str(pool), "--harness", "codex", "--group-size", "1"]
+    base += ["--harness-dir", str(harness_dir), "--cache", str(tmp_path / "cache")]
+    cases = [
+        (["--proxy-url", proxy, "--admin-key", "wrong", "--run-id", new_run(admin)], "admin key"),
+        (["--proxy-url", proxy, "--admin-key", ADMIN_KEY, "--run-id", "nope"], "'nope' does not"),
+        (["--proxy-url", "ftp://x", "--admin-key", ADMIN_KEY, "--run-id", "r"], "http://HOST:PORT"),
+        (
+            [
+                "--proxy-url",
+                proxy,
+                "--admin-key",
+                ADMIN_KEY,
+                "--run-id",
+                "r",
+                "--sandbox",
+                "docker",
+            ],
+            "bwrap backend only",
+        ),
+    ]
+    for extra, message in cases:
+        with pytest.raises(SystemExit) as exited:
+            main([*base, *extra])
+        assert exited.value.code == 1
+        assert message in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit):
+        main(
+            [
+                *base[:-4],
+                "--harness-dir",
+                str(empty),
+                "--proxy-url",
+                proxy,
+                "--run-id",
+                "r",
+                "--admin-key",
+                ADMIN_KEY,
+            ]
+        )
+    assert "make harness-install" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()  # nothing was built for a rollout that cannot run
