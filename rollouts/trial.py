@@ -106,6 +106,20 @@ class TrialResult:
         return graded.reward
 
 
+def interpreter_mounts(runtime_dir: Path) -> tuple[Mount, ...]:
+    """The base interpreter of the runtime's Python venv (OpenHands), at its own path.
+
+    A venv's ``bin/python`` is a link to the interpreter it was made from (pyenv's, under
+    ``/root``), so that installation is mounted read-only where the link points."""
+    python = runtime_dir / "py312" / "bin" / "python"
+    if not python.is_symlink():
+        return ()
+    prefix = python.resolve().parent.parent
+    if prefix.is_relative_to(runtime_dir.resolve()):
+        return ()
+    return (Mount(prefix, str(prefix)),)
+
+
 def proxy_route(host: str, port: int, inside_port: int = INSIDE_PORT) -> ProxyRoute:
     return ProxyRoute(host=host, port=port, inside_port=inside_port)
 
@@ -162,6 +176,7 @@ def _stages(
             workspace=workspace,
             mounts=(
                 Mount(setup.runtime_dir, RUNTIME_TARGET),
+                *interpreter_mounts(setup.runtime_dir),
                 Mount(home, HOME_TARGET, writable=True),
                 *image.mounts,
             ),

@@ -54,7 +54,7 @@ def fetch_server() -> Iterator[FetchServer]:
         yield holder[0]
 
 
-PROOF_HARNESSES = ("codex", "opencode")
+PROOF_HARNESSES = ("codex", "opencode", "claude-code", "openhands")
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +67,9 @@ def proof_stack(
         yield stack
 
 
-def scenario_pool(pool: Path, harness: str) -> Path:
-    for scenario, (variant, timeout_s, _) in SCENARIOS.items():
+def scenario_pool(pool: Path, harness: str, scenarios: tuple[str, ...] = tuple(SCENARIOS)) -> Path:
+    for scenario in scenarios:
+        variant, timeout_s, _ = SCENARIOS[scenario]
         root = task_factory.make_task(pool, f"{harness}-{scenario}", variant=variant)
         spec = json.loads((root / "task.json").read_text())
         spec["instruction"] = f"{marker(harness, scenario)} {spec['instruction']}"

@@ -10,6 +10,8 @@ the assertions are on what the agent saw, not on what we hoped it would see.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,8 @@ from tests.support import task_factory
 from trainer_bridge.client import ExportClient
 
 pytestmark = pytest.mark.harness
+
+ROOT = Path(__file__).resolve().parents[2]
 
 EXCLUDED = {"agent_timeout", "env_setup_failure", "harness_error", "grader_error"}
 
@@ -258,3 +262,35 @@ def test_the_trainer_claims_exactly_the_graded_groups(
         f"{h}-nothing": [0.0],
     }
     assert terminations == {"completed"}
+
+
+def test_the_command_line_runs_a_rollout(
+    installed: Installed, proof_stack: HarnessStack, tmp_path: Path
+) -> None:
+    """``lego-proxy rollout`` itself: validation, trials, progress, summary, finished groups."""
+    scenarios = ("honest", "setup_fails", "broken_test_command")
+    pool = scenario_pool(tmp_path / "pool", "codex", scenarios)
+    run = proof_stack.admin.post("/api/v1/runs", json={"name": f"cli-{uuid.uuid4().hex[:8]}"})
+    run_id = str(run.raise_for_status().json()["id"])
+    argv = [sys.executable, "-m", "cli", "rollout", "--proxy-url", proof_stack.url]
+    argv += ["--admin-key", ADMIN_KEY, "--run-id", run_id, "--tasks", str(pool)]
+    argv += ["--harness", "codex", "--group-size", "2", "--concurrency", "2"]
+    argv += ["--harness-dir", str(installed.cache), "--cache", str(tmp_path / "cache")]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    print(out)
+    # The validator keeps a task whose grader cannot run out of the rollout, and says so.
+    assert "task codex-broken_test_command: invalid:" in out
+    assert "task codex-setup_fails: env_setup_failure:" in out
+    assert "2 task(s) x 2 sample(s) x 1 epoch(s)" in out
+    assert len([line for line in out.splitlines() if line.startswith("[")]) == 4
+    assert "trials: 4  " in out
+    assert "completed=2" in out
+    assert "env_setup_failure=2" in out
+    assert "agent_execution" in out
+    with ExportClient(proof_stack.url, ADMIN_KEY, run_id) as export:
+        batch = export.claim(10, None, 60.0)
+    assert {g.task_id: [s.reward for s in g.samples] for g in batch.groups} == {
+        "codex-honest": [1.0, 1.0]
+    }
