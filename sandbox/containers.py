@@ -16,9 +16,9 @@ after its registry record, so ``sandbox.reap`` finds it even when its runner was
 At the deadline the container is removed (``rm -f``), not just its client killed. Exit
 125 is the engine's own failure (no image, a bad flag): ``SandboxError``, never a result.
 
-The engine modules fill three hooks: ``engine_flags`` (the OCI runtime and ulimits these
-machines need, read-only-root details), ``workspace_flags`` (the task's overlay), and
-``remove_argv``.
+The engine modules fill two hooks, ``engine_flags`` (the OCI runtime and ulimits these
+machines need, read-only-root details) and ``workspace_flags`` (the task's overlay), and
+say how they remove a container at once (``remove_flags``).
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class ContainerSandbox(abc.ABC):
     """``Sandbox`` over a container engine; ``Podman`` and ``Docker`` fill the hooks."""
 
     engine = "container"  # the engine's command name and the backend's name
+    remove_flags: tuple[str, ...] = ()  # ``rm`` and what makes it immediate
 
     def __init__(
         self,
@@ -108,8 +109,8 @@ class ContainerSandbox(abc.ABC):
     @abc.abstractmethod
     def workspace_flags(self, workspace: Workspace) -> list[str]: ...
 
-    @abc.abstractmethod
-    def remove_argv(self, container: str) -> list[str]: ...
+    def remove_argv(self, container: str) -> list[str]:
+        return [self.binary, *self.remove_flags, container]
 
     # -- the command line (pure) -------------------------------------------------------
 

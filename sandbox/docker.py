@@ -15,6 +15,7 @@ from sandbox.spec import Workspace
 
 class Docker(ContainerSandbox):
     engine = "docker"
+    remove_flags = ("rm", "--force", "--volumes")
 
     def engine_flags(self) -> list[str]:
         return ["--tmpfs", "/tmp:rw,mode=1777", "--tmpfs", "/var/tmp:rw,mode=1777"]
@@ -29,6 +30,3 @@ class Docker(ContainerSandbox):
             f'volume-opt=type=overlay,volume-opt=device=overlay,"volume-opt=o={layers}"'
         )
         return ["--mount", volume]
-
-    def remove_argv(self, container: str) -> list[str]:
-        return [self.binary, "rm", "--force", "--volumes", container]

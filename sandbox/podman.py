@@ -19,6 +19,7 @@ ULIMITS = ("--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096")
 
 class Podman(ContainerSandbox):
     engine = "podman"
+    remove_flags = ("rm", "--force", "--time", "0", "--volumes")
 
     def engine_flags(self) -> list[str]:
         return ["--runtime", "runc", *ULIMITS]
@@ -28,6 +29,3 @@ class Podman(ContainerSandbox):
         upper, work = plain_path(str(workspace.upper)), plain_path(str(workspace.work))
         options = f"O,upperdir={upper},workdir={work}"
         return ["--volume", f"{lower}:{target}:{options}"]
-
-    def remove_argv(self, container: str) -> list[str]:
-        return [self.binary, "rm", "--force", "--time", "0", "--volumes", container]
