@@ -40,7 +40,7 @@ from kernel.errors import EnvSetupFailure, SandboxError, TaskError
 from sandbox.spec import Mount, Sandbox
 from tasks.events import DefenseEvent, DefenseKind
 from tasks.git import GitFailed, git
-from tasks.patches import patch_files
+from tasks.patches import patch_files, touched_paths
 from tasks.sandboxing import WORKSPACE_TARGET, give_to_sandbox_user, none_spec
 from tasks.spec import Task
 from tasks.toolchain import Toolchain, ensure_toolchain
@@ -117,11 +117,21 @@ def build_image(
     root = cache_dir / "images" / f"{task.id}-{key}"
     if (root / MANIFEST).is_file():
         return _load(root, toolchain, cached=True)
+    tests_patch = task.tests_patch.read_text()
+    try:
+        tests = patch_files(tests_patch)
+        outside = [path for path in touched_paths(tests_patch) if not task.owns(path)]
+    except TaskError as exc:
+        raise TaskError(f"task {task.id}: tests.patch: {exc.message}") from exc
+    if outside:
+        raise TaskError(
+            f"task {task.id}: tests.patch changes {', '.join(outside)}, outside test_paths "
+            "(the grader reverts only test_paths, so the agent could edit those)"
+        )
     stage = root.with_name(f".build-{task.id}-{uuid.uuid4().hex[:8]}")
     stage.mkdir(parents=True)
     try:
         events = _assemble(task, base, stage)
-        tests = patch_files(task.tests_patch.read_text())
         events.append(
             DefenseEvent(
                 DefenseKind.TESTS_WITHHELD,
