@@ -168,7 +168,9 @@ def make_task(pool: Path, task_id: str, *, variant: str = "ok") -> Path:
         "test_command": BROKEN_TEST_COMMAND if variant == "broken_test_command" else TEST_COMMAND,
         "fail_to_pass": list(FAIL_TO_PASS),
         "pass_to_pass": list(PASS_TO_PASS),
-        "test_paths": ["tests"],
+        # conftest.py at the root is test machinery too: an agent's own one could make every
+        # test pass, so only the grader may add one.
+        "test_paths": ["tests", "conftest.py"],
         "setup_command": FAILING_SETUP_COMMAND if variant == "setup_fails" else SETUP_COMMAND,
         "agent_timeout_s": 300.0,
         "grade_timeout_s": 120.0,

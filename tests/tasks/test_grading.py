@@ -110,6 +110,14 @@ def test_a_new_file_under_test_paths_is_removed(
     assert _events(result) == {DefenseKind.TEST_FILE_REMOVED: ("tests/conftest.py",)}
 
 
+def test_a_root_conftest_is_removed_too(
+    ok_task: Task, ok_image: TaskImage, tmp_path: Path, bwrap: Bwrap
+) -> None:
+    result = _grade(ok_task, ok_image, tmp_path, bwrap, CONFTEST_CHEAT.replace("tests/", ""))
+    assert (result.termination, result.reward) == (GradeTermination.COMPLETED, 0.0)
+    assert _events(result) == {DefenseKind.TEST_FILE_REMOVED: ("conftest.py",)}
+
+
 def test_tests_replaced_by_a_link_out_of_the_tree_are_restored(
     ok_task: Task, ok_image: TaskImage, tmp_path: Path, bwrap: Bwrap
 ) -> None:

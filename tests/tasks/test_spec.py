@@ -31,7 +31,7 @@ def test_a_generated_task_loads_with_resolved_paths(tmp_path: Path) -> None:
     assert task.repo == root.resolve() / "repo"
     assert task.solution_patch.is_file()
     assert task.fail_to_pass == FAIL_TO_PASS
-    assert task.test_paths == ("tests",)
+    assert task.test_paths == ("tests", "conftest.py")
     assert task.owns("tests/test_ops.py")
     assert not task.owns("testsuite.py")
     assert not task.owns("calc/ops.py")
