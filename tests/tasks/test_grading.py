@@ -6,7 +6,12 @@ the termination and what the defenses report.
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from sandbox.bwrap import Bwrap
 from tasks.events import DefenseKind
@@ -242,3 +247,54 @@ def test_grading_leaves_the_agents_workspace_and_the_image_as_they_were(
     assert before == after
     assert "test_clamp_above_high" not in (ok_image.workspace / CHEAT_TEST_PATH).read_text()
     assert not (ok_image.workspace / "tests" / "conftest.py").exists()
+
+
+ENV_TESTS = """
+
+def test_grading_environment_is_fixed():
+    import os
+
+    assert os.environ["TZ"] == "UTC"
+    assert os.environ["PYTHONHASHSEED"] == "0"
+    assert "LEGO_HOST_SECRET" not in os.environ
+    assert os.getuid() != 0
+
+
+def test_grading_has_no_network():
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", PORT), timeout=5).close()
+    except OSError:
+        return
+    raise AssertionError("the host's server was reachable from the grader")
+"""
+
+
+def test_the_tests_run_in_a_fixed_environment_with_no_network(
+    tmp_path: Path, cache_dir: Path, bwrap: Bwrap, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEGO_HOST_SECRET", "the runner's own environment")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # reachable here
+        root = make_task(tmp_path / "pool", "calc-env", variant="no_setup")
+        repo = root / "repo"
+        with (repo / "tests" / "test_ops.py").open("a") as tests:
+            tests.write(ENV_TESTS.replace("PORT", str(port)))
+        spec = json.loads((root / "task.json").read_text())
+        identity = ["-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run(["git", "-C", str(repo), *identity, "commit", "-qam", "env"], check=True)
+        diff = ["git", "-C", str(repo), "diff", spec["base_commit"], "HEAD", "--", "tests"]
+        (root / "tests.patch").write_text(
+            subprocess.run(diff, capture_output=True, text=True, check=True).stdout
+        )
+        spec["pass_to_pass"] += [
+            "tests/test_ops.py::test_grading_environment_is_fixed",
+            "tests/test_ops.py::test_grading_has_no_network",
+        ]
+        (root / "task.json").write_text(json.dumps(spec))
+        task = load_task(root)
+        image = build_image(task, cache_dir, bwrap)
+        result = _grade(task, image, tmp_path, bwrap, honest_fix_command())
+    assert (result.termination, result.reward) == (GradeTermination.COMPLETED, 1.0), result.log_tail
