@@ -141,7 +141,9 @@ def build_image(
         )
         give_to_sandbox_user(stage / "workspace")
         if task.setup_command is not None:
-            _setup(task, stage / "workspace", toolchain, sandbox, setup_timeout_s)
+            _setup(
+                task, task.setup_command, stage / "workspace", toolchain, sandbox, setup_timeout_s
+            )
         manifest = _Manifest(
             format=IMAGE_FORMAT,
             task_id=task.id,
@@ -205,7 +207,12 @@ def _assemble(task: Task, base: str, stage: Path) -> list[DefenseEvent]:
 
 
 def _setup(
-    task: Task, workspace: Path, toolchain: Toolchain, sandbox: Sandbox, timeout_s: float
+    task: Task,
+    command: str,
+    workspace: Path,
+    toolchain: Toolchain,
+    sandbox: Sandbox,
+    timeout_s: float,
 ) -> None:
     spec = none_spec(
         f"setup-{task.id}",
@@ -213,9 +220,8 @@ def _setup(
         env=toolchain.env,
         timeout_s=timeout_s,
     )
-    assert task.setup_command is not None
     try:
-        result = sandbox.run(spec, ["sh", "-c", task.setup_command])
+        result = sandbox.run(spec, ["sh", "-c", command])
     except SandboxError as exc:
         raise EnvSetupFailure(
             f"task {task.id}: no sandbox for setup_command: {exc.message}",
