@@ -171,6 +171,7 @@ def _assemble(task: Task, base: str, stage: Path) -> list[DefenseEvent]:
     history = stage / "history.git"
     try:
         git(stage, "clone", "--quiet", "--bare", "--no-hardlinks", str(task.repo), str(history))
+        history.chmod(0o700)  # the grader's alone: no sandbox user may read it, even by mistake
         refs = git(task.repo, "for-each-ref", "--format=%(refname)").split()
         commits = int(git(task.repo, "rev-list", "--all", "--count").strip())
         workspace = stage / "workspace"
