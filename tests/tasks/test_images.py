@@ -175,3 +175,20 @@ def test_a_failing_setup_is_an_env_setup_failure_with_its_reason(
     assert caught.value.task_id == "calc-setup-fails"
     assert caught.value.reason == "setup_command exited 3: setup: libcalc-dev is not installed"
     assert not list((cache_dir / "images").glob("calc-setup-fails*"))  # no half image left
+
+
+def test_the_packaged_toolchain_runs_pytest_without_the_hosts_interpreter(
+    ok_image: TaskImage, tmp_path: Path, bwrap: Bwrap
+) -> None:
+    out = _as_agent(
+        ok_image,
+        tmp_path,
+        bwrap,
+        "python -c 'import pytest, sys; print(pytest.__file__); print(sys.executable)';"
+        "id -u; test -e /root/.pyenv && echo pyenv-visible || echo pyenv-absent",
+    )
+    pytest_file, executable, uid, pyenv = out.split()
+    assert pytest_file.startswith("/opt/lego/toolchain/site/pytest/")
+    assert executable == "/opt/lego/toolchain/bin/python"
+    assert uid == str(SANDBOX_UID)
+    assert pyenv == "pyenv-absent"
