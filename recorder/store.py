@@ -15,6 +15,9 @@ Contract:
   the group exported from them, never change. The session rows are locked ``FOR SHARE``
   in the write's transaction (SQLite: the write lock serializes), so a finish either sees
   the turn or the turn sees the finish, on every replica.
+- ``finish_session`` stores the trial's report with the reward (``stages``, the
+  ``defense_events``; ``recorder.rows.trial_values``), in the same guarded update, and
+  every session read gives it back (none: ``stages`` None, no events).
 - ``list_turns`` gives back exactly what was written, in seq order, except that logprobs
   are float32-rounded (see ``codec``). ``list_turn_arrays`` gives the same turns as
   ``TurnArrays`` (what the export needs): numpy views of the stored bytes, routed experts

@@ -88,6 +88,11 @@ class GradeResult:
 class _GraderError(Exception):
     """A step that makes the grade a ``grader_error`` (caught in ``grade``, never escapes)."""
 
+    def __init__(self, detail: str, *, log_tail: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.log_tail = log_tail
+
 
 def grade(
     task: Task,
@@ -115,7 +120,9 @@ def grade(
             raise _GraderError(f"tests.patch does not apply: {exc.stderr}") from exc
         return _run_tests(task, image, sandbox, rules, scratch, tree, events)
     except _GraderError as exc:
-        return GradeResult(GradeTermination.GRADER_ERROR, None, (), tuple(events), str(exc))
+        return GradeResult(
+            GradeTermination.GRADER_ERROR, None, (), tuple(events), exc.detail, exc.log_tail
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -166,11 +173,14 @@ def _run_tests(
     log = f"{result.stdout}\n{result.stderr}"
     tail = log.strip()[-_LOG_TAIL:]
     if result.timed_out:
-        raise _GraderError(f"test_command ran past grade_timeout_s ({task.grade_timeout_s:g} s)")
+        raise _GraderError(
+            f"test_command ran past grade_timeout_s ({task.grade_timeout_s:g} s)", log_tail=tail
+        )
     statuses = rules.parse(log)
     if not statuses:
         raise _GraderError(
-            f"no test result in the test command's log (exit {result.returncode}): {tail[-500:]}"
+            f"no test result in the test command's log (exit {result.returncode}): {tail[-500:]}",
+            log_tail=tail,
         )
     tests = tuple(
         TestResult(

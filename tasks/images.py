@@ -40,7 +40,7 @@ from kernel.errors import EnvSetupFailure, SandboxError, TaskError
 from sandbox.spec import Mount, Sandbox
 from tasks.events import DefenseEvent, DefenseKind
 from tasks.git import GitFailed, git
-from tasks.patches import patch_files
+from tasks.patches import patch_files, touched_paths
 from tasks.sandboxing import WORKSPACE_TARGET, give_to_sandbox_user, none_spec
 from tasks.spec import Task
 from tasks.toolchain import Toolchain, ensure_toolchain
@@ -117,11 +117,21 @@ def build_image(
     root = cache_dir / "images" / f"{task.id}-{key}"
     if (root / MANIFEST).is_file():
         return _load(root, toolchain, cached=True)
+    tests_patch = task.tests_patch.read_text()
+    try:
+        tests = patch_files(tests_patch)
+        outside = [path for path in touched_paths(tests_patch) if not task.owns(path)]
+    except TaskError as exc:
+        raise TaskError(f"task {task.id}: tests.patch: {exc.message}") from exc
+    if outside:
+        raise TaskError(
+            f"task {task.id}: tests.patch changes {', '.join(outside)}, outside test_paths "
+            "(the grader reverts only test_paths, so the agent could edit those)"
+        )
     stage = root.with_name(f".build-{task.id}-{uuid.uuid4().hex[:8]}")
     stage.mkdir(parents=True)
     try:
         events = _assemble(task, base, stage)
-        tests = patch_files(task.tests_patch.read_text())
         events.append(
             DefenseEvent(
                 DefenseKind.TESTS_WITHHELD,
@@ -131,7 +141,9 @@ def build_image(
         )
         give_to_sandbox_user(stage / "workspace")
         if task.setup_command is not None:
-            _setup(task, stage / "workspace", toolchain, sandbox, setup_timeout_s)
+            _setup(
+                task, task.setup_command, stage / "workspace", toolchain, sandbox, setup_timeout_s
+            )
         manifest = _Manifest(
             format=IMAGE_FORMAT,
             task_id=task.id,
@@ -159,6 +171,7 @@ def _assemble(task: Task, base: str, stage: Path) -> list[DefenseEvent]:
     history = stage / "history.git"
     try:
         git(stage, "clone", "--quiet", "--bare", "--no-hardlinks", str(task.repo), str(history))
+        history.chmod(0o700)  # the grader's alone: no sandbox user may read it, even by mistake
         refs = git(task.repo, "for-each-ref", "--format=%(refname)").split()
         commits = int(git(task.repo, "rev-list", "--all", "--count").strip())
         workspace = stage / "workspace"
@@ -195,7 +208,12 @@ def _assemble(task: Task, base: str, stage: Path) -> list[DefenseEvent]:
 
 
 def _setup(
-    task: Task, workspace: Path, toolchain: Toolchain, sandbox: Sandbox, timeout_s: float
+    task: Task,
+    command: str,
+    workspace: Path,
+    toolchain: Toolchain,
+    sandbox: Sandbox,
+    timeout_s: float,
 ) -> None:
     spec = none_spec(
         f"setup-{task.id}",
@@ -203,9 +221,8 @@ def _setup(
         env=toolchain.env,
         timeout_s=timeout_s,
     )
-    assert task.setup_command is not None
     try:
-        result = sandbox.run(spec, ["sh", "-c", task.setup_command])
+        result = sandbox.run(spec, ["sh", "-c", command])
     except SandboxError as exc:
         raise EnvSetupFailure(
             f"task {task.id}: no sandbox for setup_command: {exc.message}",

@@ -8,8 +8,8 @@ A patch that does not parse is a ``TaskError``.
 
 from __future__ import annotations
 
-from unidiff.patch import PatchSet
 from unidiff.errors import UnidiffParseError
+from unidiff.patch import PatchSet
 
 from kernel.errors import TaskError
 

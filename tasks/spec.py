@@ -42,6 +42,8 @@ def _relative(value: str) -> str:
     path = PurePosixPath(value)
     if not value or path.is_absolute() or ".." in path.parts or str(path) == ".":
         raise ValueError(f"{value!r} must be a relative path inside the repository")
+    if path.parts[0] == ".git":
+        raise ValueError(f"{value!r} is inside .git, which no task owns")
     return str(path)
 
 
@@ -100,6 +102,13 @@ class Task:
     def tests_patch(self) -> Path:
         return self.root / TESTS_PATCH
 
+    def owns(self, path: str) -> bool:
+        """Whether ``path`` (a repository path) is under one of the ``test_paths``."""
+        parts = PurePosixPath(path).parts
+        return any(
+            parts[: len(PurePosixPath(t).parts)] == PurePosixPath(t).parts for t in self.test_paths
+        )
+
     def command_for(self, tests: Sequence[str]) -> str:
         """The test command with ``{tests}`` filled in."""
         return self.test_command.replace(TESTS_PLACEHOLDER, shlex.join(tests))
@@ -116,7 +125,7 @@ def load_task(directory: Path) -> Task:
     try:
         spec = TaskFile.model_validate_json(raw)
     except ValidationError as exc:
-        raise TaskError(f"task {name}: {TASK_FILE}: {_describe(exc)}") from exc
+        raise TaskError(f"task {name}: {TASK_FILE}: {describe_errors(exc)}") from exc
     if spec.id != name:
         raise TaskError(f"task {name}: {TASK_FILE}: id: {spec.id!r} is not the directory's name")
     root = directory.resolve()
@@ -142,7 +151,7 @@ def load_task(directory: Path) -> Task:
     )
 
 
-def _describe(exc: ValidationError) -> str:
+def describe_errors(exc: ValidationError) -> str:
     problems = []
     for error in exc.errors(include_url=False):
         field = ".".join(str(part) for part in error["loc"]) or "(document)"

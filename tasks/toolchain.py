@@ -83,8 +83,11 @@ def _distribution(name: str) -> metadata.Distribution:
 
 def _copy_distribution(dist: metadata.Distribution, site: Path) -> None:
     """The distribution's files that live in site-packages (its modules and metadata)."""
+    if not dist.files:
+        name = dist.metadata["Name"]
+        raise TaskError(f"the grading toolchain cannot copy {name}: it has no file list (RECORD)")
     base = Path(str(dist.locate_file(""))).resolve()
-    for entry in dist.files or ():
+    for entry in dist.files:
         source = Path(str(dist.locate_file(entry))).resolve()
         if not source.is_relative_to(base) or source.suffix == ".pyc" or not source.is_file():
             continue  # console scripts outside site-packages, bytecode for another build

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -153,6 +154,6 @@ def _write(path: Path, task: Task, result: Validation) -> None:
         verdict=result.verdict,
         reason=result.reason,
     )
-    staged = path.with_name(f".{path.name}.{id(result)}")
+    staged = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
     staged.write_text(record.model_dump_json(indent=2))
     staged.replace(path)

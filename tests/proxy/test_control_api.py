@@ -251,7 +251,7 @@ def test_a_finish_without_a_trial_report_reads_back_none(proxy: Proxy) -> None:
         ({"events": [{"kind": "Not A Kind"}]}, "events.0.kind", "pattern"),
         ({"events": [{"kind": "x", "n": 2**70}]}, "events.0", "64 bits"),
         ({"events": [{"kind": "x", "note": "a\x00b"}]}, "events.0", "NUL"),
-        ({"events": [{"kind": "x", "blob": "y" * 5000}]}, "events.0", "4096 bytes"),
+        ({"events": [{"kind": "x", "blob": "y" * 65_536}]}, "events.0", "65536 bytes"),
         ({"events": [{"kind": "x"}] * 257}, "events", "at most 256"),
     ],
 )

@@ -18,7 +18,8 @@ setup ran.
 
 Variants: ``ok``; ``setup_fails`` (the setup command exits 3: ``env_setup_failure``);
 ``broken_test_command`` (the test command names a module that does not exist: the grader
-cannot parse a result, ``grader_error``).
+cannot parse a result, ``grader_error``); ``no_setup`` (no setup command, and a package
+that needs none: what a SWE-bench instance without an environment looks like).
 
 For scripted agents: ``honest_fix_command()`` is the shell command (run at the repository
 root) that fixes the bug; ``CHEAT_TEST_PATH`` is the test file an agent could edit to make
@@ -33,7 +34,7 @@ import os
 import subprocess
 from pathlib import Path
 
-VARIANTS = ("ok", "setup_fails", "broken_test_command")
+VARIANTS = ("ok", "setup_fails", "broken_test_command", "no_setup")
 FIX_MARKER = "An over-range value takes the upper bound"
 HIDDEN_TEST = "test_clamp_above_high"
 CHEAT_TEST_PATH = "tests/test_ops.py"
@@ -52,10 +53,10 @@ INSTRUCTION = (
     "it should return the upper bound. Fix it."
 )
 
-_INIT = '''"""calc: small numeric helpers."""
+_BUILD_IMPORT = "from calc._build import BUILT\n"
+_INIT = f'''"""calc: small numeric helpers."""
 
-from calc._build import BUILT
-from calc.ops import mean
+{_BUILD_IMPORT}from calc.ops import mean
 
 __all__ = ["BUILT", "mean"]
 '''
@@ -128,16 +129,21 @@ def make_task(pool: Path, task_id: str, *, variant: str = "ok") -> Path:
     repo = root / "repo"
     repo.mkdir(parents=True)
     git = _Git(repo)
+    init = (
+        _INIT
+        if variant != "no_setup"
+        else _INIT.replace(_BUILD_IMPORT, "").replace('"BUILT", ', "")
+    )
     git("init", "-q", "--initial-branch=main")
     _write(repo / ".gitignore", "__pycache__/\ncalc/_build.py\n")
-    _write(repo / "calc" / "__init__.py", _INIT)
+    _write(repo / "calc" / "__init__.py", init)
     _write(repo / "calc" / "ops.py", _OPS_MEAN)
     _write(repo / "tests" / "__init__.py", "")
     _write(repo / "tests" / "test_ops.py", _TEST_MEAN)
     git.commit("Add calc with mean")
     git("tag", "v0.1")
     _write(repo / "calc" / "ops.py", _OPS_MEAN + _CLAMP)
-    _write(repo / "calc" / "__init__.py", _INIT.replace("import mean", "import clamp, mean"))
+    _write(repo / "calc" / "__init__.py", init.replace("import mean", "import clamp, mean"))
     _write(
         repo / "tests" / "test_ops.py",
         _TEST_MEAN.replace("import mean", "import clamp, mean") + _TEST_CLAMP,
@@ -162,11 +168,15 @@ def make_task(pool: Path, task_id: str, *, variant: str = "ok") -> Path:
         "test_command": BROKEN_TEST_COMMAND if variant == "broken_test_command" else TEST_COMMAND,
         "fail_to_pass": list(FAIL_TO_PASS),
         "pass_to_pass": list(PASS_TO_PASS),
-        "test_paths": ["tests"],
+        # conftest.py at the root is test machinery too: an agent's own one could make every
+        # test pass, so only the grader may add one.
+        "test_paths": ["tests", "conftest.py"],
         "setup_command": FAILING_SETUP_COMMAND if variant == "setup_fails" else SETUP_COMMAND,
         "agent_timeout_s": 300.0,
         "grade_timeout_s": 120.0,
     }
+    if variant == "no_setup":
+        del spec["setup_command"]
     _write(root / "task.json", json.dumps(spec, indent=2) + "\n")
     return root
 

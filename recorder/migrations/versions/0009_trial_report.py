@@ -30,6 +30,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("sessions") as batch:
+    # In place (SQLite >= 3.35 drops columns itself): rebuilding ``sessions`` would drop
+    # a table that ``turns`` rows still reference, which SQLite's enforced keys refuse.
+    with op.batch_alter_table("sessions", recreate="never") as batch:
         batch.drop_column("defense_events")
         batch.drop_column("stages")
