@@ -2,7 +2,8 @@
 
     lego-proxy rollout --proxy-url URL --admin-key KEY --run-id RUN --tasks POOL
         --harness {claude-code,opencode,codex,openhands} --group-size N
-        [--concurrency C] [--sandbox bwrap] [--epochs E] [--harness-dir DIR] [--cache DIR]
+        [--concurrency C] [--sandbox bwrap|podman|docker [--sandbox-image I]]
+        [--epochs E] [--harness-dir DIR] [--cache DIR]
 
 The pool is validated first (``tasks.validate``: remembered per task, so only new or
 edited tasks cost anything): ``invalid`` tasks are left out and named; a task whose
@@ -29,13 +30,11 @@ from rollouts.runner import RolloutConfig, run_rollout
 from rollouts.stages import Stopwatch
 from rollouts.summary import Summary
 from rollouts.trial import TrialResult, TrialSetup, proxy_route, run_trial
-from sandbox.bwrap import Bwrap
+from sandbox.backends import BACKENDS, make_sandbox
 from sandbox.spec import Sandbox
 from tasks.pool import load_pool
 from tasks.spec import Task
 from tasks.validate import Verdict, validate_pool
-
-SANDBOXES = ("bwrap", "podman", "docker")
 
 
 def default_harness_dir() -> Path:
@@ -70,7 +69,13 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--harness", required=True, choices=HARNESSES)
     parser.add_argument("--group-size", required=True, type=_positive, help="samples per task")
     parser.add_argument("--concurrency", type=_positive, default=1, help="trials at a time")
-    parser.add_argument("--sandbox", choices=SANDBOXES, default="bwrap")
+    parser.add_argument("--sandbox", choices=BACKENDS, default="bwrap")
+    parser.add_argument(
+        "--sandbox-image",
+        default=None,
+        help="podman/docker: the image the trials run in (it must hold the task's toolchain "
+        "and what the harness needs, e.g. node; bwrap uses the host's /usr)",
+    )
     parser.add_argument("--epochs", type=_positive, default=1, help="passes over the pool")
     parser.add_argument(
         "--harness-dir",
@@ -82,14 +87,6 @@ def add_parser(commands: Any) -> None:
         "--cache", type=Path, default=None, help="task images and verdicts (default: POOL/.cache)"
     )
     parser.set_defaults(func=run)
-
-
-def _sandbox(name: str) -> Sandbox:
-    if name != "bwrap":
-        raise ConfigurationError(
-            f"--sandbox {name}: this build has the bwrap backend only; use --sandbox bwrap"
-        )
-    return Bwrap()
 
 
 def _proxy(url: str) -> tuple[str, int]:
@@ -127,7 +124,7 @@ def run(args: argparse.Namespace) -> None:
         epochs=args.epochs,
         concurrency=args.concurrency,
     )
-    sandbox = _sandbox(args.sandbox)
+    sandbox = make_sandbox(args.sandbox, image=args.sandbox_image)
     with ControlClient(args.proxy_url, args.admin_key) as control:
         control.check_run(config.run_id)  # before any image is built
         tasks = select_tasks(args.tasks, cache, sandbox)

@@ -234,7 +234,7 @@ def test_the_command_line_names_what_is_wrong(
                 "--sandbox",
                 "docker",
             ],
-            "bwrap backend only",
+            "sandbox needs an image",
         ),
     ]
     for extra, message in cases:
