@@ -165,9 +165,10 @@ def run_rollout(
             done.append(Finished(job, session.id, result))
             count = len(done)
         reward = "-" if result.reward is None else f"{result.reward:g}"
+        why = f": {result.ending.detail[:300]}" if result.reward is None else ""
         progress(
             f"[{count}/{len(todo)}] {job.group_id} #{job.sample_index} {config.harness}: "
-            f"{result.termination} reward={reward} ({result.stages.total:.1f} s)"
+            f"{result.termination} reward={reward} ({result.stages.total:.1f} s){why}"
         )
 
     with ThreadPoolExecutor(config.concurrency, thread_name_prefix="trial") as pool:

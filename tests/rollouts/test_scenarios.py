@@ -10,9 +10,16 @@ the assertions are on what the agent saw, not on what we hoped it would see.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,12 +32,14 @@ from rollouts.runner import Finished, RolloutConfig, run_rollout
 from rollouts.stages import Stage, Stopwatch
 from rollouts.summary import Summary
 from rollouts.trial import TrialResult, TrialSetup, proxy_route, run_trial
+from sandbox import registry
 from sandbox.bwrap import Bwrap
 from tasks.pool import load_pool
 from tasks.spec import Task
 from tests.harness.harnesses import Installed
 from tests.harness.stack import ADMIN_KEY, HarnessStack
 from tests.rollouts.conftest import PROOF_HARNESSES, FetchServer, scenario_pool
+from tests.rollouts.policy import marker
 from tests.support import task_factory
 from trainer_bridge.client import ExportClient
 
@@ -294,3 +303,78 @@ def test_the_command_line_runs_a_rollout(
     assert {g.task_id: [s.reward for s in g.samples] for g in batch.groups} == {
         "codex-honest": [1.0, 1.0]
     }
+
+
+def _marked_processes(marker_text: str) -> list[int]:
+    """Host pids whose command line holds ``marker_text`` (the harness has it in its argv)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if marker_text.encode() in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def _until(condition: Callable[[], bool], what: str, limit_s: float = 120.0) -> None:
+    """Polls ``condition``; the limit only bounds a hang (nothing here measures time)."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.1)
+
+
+def test_a_killed_runner_leaves_no_sandbox(
+    installed: Installed, proof_stack: HarnessStack, tmp_path: Path
+) -> None:
+    """SIGKILL the rollout while the harness runs: sandbox and harness go with it."""
+    pool = scenario_pool(tmp_path / "pool", "codex", ("sleep",))
+    task_file = pool / "codex-sleep" / "task.json"
+    spec = json.loads(task_file.read_text())
+    spec["agent_timeout_s"] = 600.0  # only the kill ends this trial
+    task_file.write_text(json.dumps(spec))
+    run = proof_stack.admin.post("/api/v1/runs", json={"name": f"kill-{uuid.uuid4().hex[:8]}"})
+    # Short: the proxy bridge's Unix socket lives in it (108 bytes at most for its path).
+    sandboxes = Path(tempfile.mkdtemp(prefix="lego-kill-"))
+    argv = [sys.executable, "-m", "cli", "rollout", "--proxy-url", proof_stack.url]
+    argv += ["--admin-key", ADMIN_KEY, "--run-id", str(run.raise_for_status().json()["id"])]
+    argv += ["--tasks", str(pool), "--harness", "codex", "--group-size", "1"]
+    argv += ["--harness-dir", str(installed.cache), "--cache", str(tmp_path / "cache")]
+    env = {**os.environ, "LEGO_SANDBOX_DIR": str(sandboxes)}
+    log = tmp_path / "runner.log"
+    with log.open("wb") as sink:
+        runner = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink, stderr=sink)
+    mark = marker("codex", "sleep")
+    try:
+        _until(
+            lambda: bool(_marked_processes(mark)) or runner.poll() is not None,
+            "the harness started in its sandbox",
+        )
+    finally:
+        runner.kill()
+        runner.wait()
+    assert runner.returncode == -signal.SIGKILL, log.read_text()
+    agents = [r for _, r in registry.records(sandboxes) if r is not None and "agent" in r.label]
+    assert agents
+    assert all(r.sandbox is not None for r in agents)
+    _until(lambda: not _marked_processes(mark), "the harness went with its runner")
+    _until(
+        lambda: not any(r.sandbox is not None and r.sandbox.alive() for r in agents),
+        "the sandbox went with its runner",
+    )
+    reaped = subprocess.run(
+        [sys.executable, "-m", "cli", "sandbox", "reap"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert reaped.returncode == 0, reaped.stdout + reaped.stderr
+    assert list(registry.records(sandboxes)) == []
+    shutil.rmtree(sandboxes)
