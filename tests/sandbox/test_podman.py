@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import threading
 import uuid
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
@@ -24,10 +23,10 @@ from kernel.errors import SandboxError
 from sandbox.podman import Podman
 from sandbox.reap import reap
 from sandbox.spec import Network, ProxyRoute, SandboxSpec, Workspace
-from tests.sandbox.conftest import _Handler
 from tests.sandbox.images import ImageUnavailable, tiny_image
 from tests.sandbox.processes import wait_until_gone
 from tests.sandbox.runners import start_runner
+from tests.sandbox.servers import serve, stop
 
 PATH = {"PATH": "/usr/bin:/bin"}
 GATEWAY = "{{range .Subnets}}{{.Gateway}}{{end}}"
@@ -55,20 +54,12 @@ def podman(image: str, runtime_dir: Path) -> Podman:
     return Podman(image=image, runtime_dir=runtime_dir)
 
 
-def _serve() -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("0.0.0.0", 0), _Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 @pytest.fixture
 def bridge_servers() -> Iterator[tuple[ThreadingHTTPServer, ThreadingHTTPServer]]:
-    proxy, other = _serve(), _serve()
+    proxy, other = serve("0.0.0.0"), serve("0.0.0.0")
     yield proxy, other
-    for server in (proxy, other):
-        server.shutdown()
-        server.server_close()
+    stop(proxy)
+    stop(other)
 
 
 def test_grading_runs_unprivileged_offline_with_an_overlay(
