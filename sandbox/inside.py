@@ -30,6 +30,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 CHUNK = 65536
@@ -60,7 +61,12 @@ def relay(a: socket.socket, b: socket.socket) -> None:
 
 def _serve(listener: socket.socket, unix_path: str) -> None:
     while True:
-        client, _ = listener.accept()
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            # Out of descriptors (the command opened too many): refuse this one, keep serving.
+            time.sleep(0.05)
+            continue
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.connect(unix_path)
