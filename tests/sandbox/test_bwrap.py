@@ -61,6 +61,22 @@ def test_the_proxy_answers_on_the_inside_port(
     assert result.stdout.strip() == f"served by {http_server.server_address[1]} /v1/models"
 
 
+def test_localhost_reaches_the_proxy_over_ipv6_too(
+    bwrap: Bwrap, http_server: ThreadingHTTPServer
+) -> None:
+    """Node resolves ``localhost`` to ``::1`` first: the proxy must answer there as well."""
+    script = (
+        "const http = require('http');\n"
+        f"http.get({{host: '::1', port: {INSIDE_PORT}, path: '/node'}}, (res) => {{\n"
+        "  let body = ''; res.on('data', (c) => body += c);\n"
+        "  res.on('end', () => console.log(body));\n"
+        "}).on('error', (e) => { console.log('error ' + e.code); });\n"
+    )
+    result = bwrap.run(proxy_spec(http_server), ["node", "-e", script])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"served by {http_server.server_address[1]} /node"
+
+
 def test_another_host_port_is_unreachable(
     bwrap: Bwrap, http_server: ThreadingHTTPServer, other_server: ThreadingHTTPServer
 ) -> None:
