@@ -38,6 +38,8 @@ from pathlib import Path, PurePosixPath
 from kernel.errors import SandboxError
 from sandbox import inside, registry
 from sandbox.bridge import ProxyBridge
+from sandbox.checks import check_spec
+from sandbox.ownership import prepare_writable
 from sandbox.process import DEFAULT_MAX_OUTPUT_BYTES, run_bounded
 from sandbox.spec import ExecResult, Network, SandboxSpec
 
@@ -74,30 +76,6 @@ def host_system_dirs(candidates: Sequence[str] = SYSTEM_DIRS) -> dict[str, str |
 
 def _under(path: PurePosixPath, roots: Sequence[PurePosixPath]) -> bool:
     return any(path == root or root in path.parents for root in roots)
-
-
-def _check(spec: SandboxSpec) -> None:
-    if not spec.label:
-        raise SandboxError("a sandbox needs a label (the trial's id)")
-    if spec.uid == 0 or spec.gid == 0:
-        raise SandboxError("a sandbox never runs as root: give it an unprivileged uid and gid")
-    if spec.timeout_s <= 0:
-        raise SandboxError(f"timeout_s must be positive, not {spec.timeout_s}")
-    if spec.network is Network.PROXY_ONLY and spec.proxy is None:
-        raise SandboxError("Network.PROXY_ONLY needs a ProxyRoute (spec.proxy)")
-    targets = [m.target for m in spec.mounts]
-    if spec.workspace is not None:
-        targets.append(spec.workspace.target)
-    for target in [*targets, spec.cwd]:
-        if not PurePosixPath(target).is_absolute() or PurePosixPath(target) == PurePosixPath("/"):
-            raise SandboxError(f"sandbox paths must be absolute and not /: {target!r}")
-    if len(set(targets)) != len(targets):
-        raise SandboxError(f"two mounts share a target: {sorted(targets)}")
-    for mount in spec.mounts:
-        if not mount.source.exists():
-            raise SandboxError(f"mount source {mount.source} does not exist")
-    if spec.workspace is not None and not spec.workspace.lower.is_dir():
-        raise SandboxError(f"workspace lower {spec.workspace.lower} is not a directory")
 
 
 def bwrap_argv(spec: SandboxSpec, command: Sequence[str], host: HostLayout) -> list[str]:
@@ -160,16 +138,6 @@ def bwrap_argv(spec: SandboxSpec, command: Sequence[str], host: HostLayout) -> l
     return [*argv, "--", *launcher, "--", *command]
 
 
-def _hand_over(path: Path, uid: int, gid: int) -> None:
-    """``chown -R uid:gid path`` (symlinks themselves, never what they point at)."""
-    os.lchown(path, uid, gid)
-    if not path.is_dir() or path.is_symlink():
-        return
-    for root, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            os.lchown(os.path.join(root, name), uid, gid)
-
-
 class Bwrap:
     """``Sandbox`` over bubblewrap. Thread-safe: each ``run`` owns everything it makes."""
 
@@ -204,12 +172,12 @@ class Bwrap:
         return self._runtime_dir
 
     def run(self, spec: SandboxSpec, argv: Sequence[str], stdin: bytes | None = None) -> ExecResult:
-        _check(spec)
+        check_spec(spec)
         if not argv:
             raise SandboxError("no command to run")
         privileged = os.geteuid() == 0
         if privileged:
-            self._prepare_writable(spec)
+            prepare_writable(spec)
         registration = registry.register(self._runtime_dir, label=spec.label, backend=self.name)
         bridge = None
         try:
@@ -241,20 +209,3 @@ class Bwrap:
             if bridge is not None:
                 bridge.close()
             registration.close()
-
-    def _prepare_writable(self, spec: SandboxSpec) -> None:
-        if spec.workspace is not None:
-            ws = spec.workspace
-            owner = ws.lower.stat().st_uid
-            if owner != spec.uid:
-                raise SandboxError(
-                    f"workspace lower {ws.lower} is owned by uid {owner}: the sandbox user "
-                    f"(uid {spec.uid}) could not change the repository; chown -R "
-                    f"{spec.uid}:{spec.gid} it once when the image is built"
-                )
-            for directory in (ws.upper, ws.work):
-                directory.mkdir(parents=True, exist_ok=True)
-                _hand_over(directory, spec.uid, spec.gid)
-        for mount in spec.mounts:
-            if mount.writable:
-                _hand_over(mount.source, spec.uid, spec.gid)

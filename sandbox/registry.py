@@ -105,26 +105,30 @@ class Registration:
         self._write()
 
     def close(self) -> None:
+        # The scratch directory goes first, for the same reason it is made last.
         shutil.rmtree(self.record.scratch, ignore_errors=True)
         self._path.unlink(missing_ok=True)
 
 
 def register(
-    runtime_dir: Path, *, label: str, backend: str, container: str | None = None
+    runtime_dir: Path, *, label: str, backend: str, containerised: bool = False
 ) -> Registration:
+    """Records a sandbox about to start; a containerised one gets its container's name
+    (``lego-<id>``) here, so even a container whose runner dies at once can be found."""
     runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
     sandbox_id = f"{_safe(label)}-{uuid.uuid4().hex[:10]}"
-    scratch = runtime_dir / sandbox_id
-    scratch.mkdir(mode=0o711)
     record = SandboxRecord(
         id=sandbox_id,
         label=label,
         backend=backend,
         runner=this_process(),
-        scratch=scratch,
-        container=container,
+        scratch=runtime_dir / sandbox_id,
+        container=f"lego-{sandbox_id}" if containerised else None,
     )
-    return Registration(runtime_dir, record)
+    # The record comes first: a scratch directory without one is always an orphan.
+    registration = Registration(runtime_dir, record)
+    record.scratch.mkdir(mode=0o711)
+    return registration
 
 
 def records(runtime_dir: Path) -> Iterator[tuple[Path, SandboxRecord | None]]:

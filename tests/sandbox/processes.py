@@ -1,4 +1,4 @@
-"""Looking for sandbox processes on the host by a marker in their command line."""
+"""Looking for sandbox processes on the host: ``sleep <marker>``, the marker unique to a test."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def processes_with(marker: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue  # exited while we looked
-        if state != "Z" and marker.encode() in argv:
+        if state != "Z" and argv[0].endswith(b"sleep") and marker.encode() in argv[1:]:
             found.append(int(entry.name))
     return found
 
