@@ -1,6 +1,6 @@
 """``lego-proxy tasks``: validate a task pool, import SWE-bench instances into one.
 
-    lego-proxy tasks validate POOL [--cache DIR] [--sandbox bwrap]
+    lego-proxy tasks validate POOL [--cache DIR] [--sandbox bwrap|podman|docker] [--image I]
     lego-proxy tasks import-swebench INSTANCES.jsonl --repos DIR --out POOL
 
 ``validate`` prints one JSON line per task (``{"task", "status", "reason", "cached"}``,
@@ -18,11 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kernel.errors import ConfigurationError
-from sandbox.spec import Sandbox
+from sandbox.backends import BACKENDS, make_sandbox
 
 DEFAULT_CACHE = ".cache"  # under the pool: the pool loader skips hidden directories
-SANDBOXES = ("bwrap",)
 
 
 def add_parser(commands: Any) -> None:
@@ -41,7 +39,10 @@ def add_parser(commands: Any) -> None:
     validate.add_argument(
         "--cache", type=Path, default=None, help=f"image and verdict cache (POOL/{DEFAULT_CACHE})"
     )
-    validate.add_argument("--sandbox", choices=SANDBOXES, default="bwrap")
+    validate.add_argument("--sandbox", choices=BACKENDS, default="bwrap")
+    validate.add_argument(
+        "--image", default=None, help="the container image (podman, docker): the toolchain's root"
+    )
     validate.set_defaults(func=_validate)
 
     imports = sub.add_parser(
@@ -65,14 +66,6 @@ def add_parser(commands: Any) -> None:
     imports.set_defaults(func=_import_swebench)
 
 
-def open_sandbox(name: str) -> Sandbox:
-    if name == "bwrap":
-        from sandbox.bwrap import Bwrap
-
-        return Bwrap()
-    raise ConfigurationError(f"unknown sandbox {name!r} (one of {', '.join(SANDBOXES)})")
-
-
 def _validate(args: argparse.Namespace) -> None:
     from tasks.pool import load_pool
     from tasks.validate import validate_pool
@@ -80,7 +73,7 @@ def _validate(args: argparse.Namespace) -> None:
     pool = load_pool(args.pool)
     cache = args.cache if args.cache is not None else args.pool / DEFAULT_CACHE
     counts: Counter[str] = Counter()
-    for verdict in validate_pool(pool, cache, open_sandbox(args.sandbox)):
+    for verdict in validate_pool(pool, cache, make_sandbox(args.sandbox, image=args.image)):
         counts[verdict.verdict.value] += 1
         print(json.dumps(verdict.as_json()), flush=True)
     summary = {key: counts[key] for key in ("valid", "invalid", "env_setup_failure")}

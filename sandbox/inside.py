@@ -3,9 +3,9 @@
 Run by the sandbox's own ``/usr/bin/python3 -I`` before the command (so it imports only
 the standard library: the project is not inside), it
 
-1. listens on ``127.0.0.1:<port>`` when given ``--listen`` (the proxy-only network: each
-   connection is relayed to the Unix socket ``--unix``, whose other end is the runner's
-   ``sandbox.bridge``, which connects only to the proxy);
+1. listens on ``127.0.0.1:<port>`` and ``[::1]:<port>`` when given ``--listen`` (the
+   proxy-only network: each connection is relayed to the Unix socket ``--unix``, whose
+   other end is the runner's ``sandbox.bridge``, which connects only to the proxy);
 2. drops to ``--uid``/``--gid`` with no supplementary groups when it starts as root (the
    runner was root and bwrap ran without a user namespace, so the command runs as a real
    unprivileged host uid with no capabilities);
@@ -30,6 +30,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 CHUNK = 65536
@@ -60,7 +61,12 @@ def relay(a: socket.socket, b: socket.socket) -> None:
 
 def _serve(listener: socket.socket, unix_path: str) -> None:
     while True:
-        client, _ = listener.accept()
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            # Out of descriptors (the command opened too many): refuse this one, keep serving.
+            time.sleep(0.05)
+            continue
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.connect(unix_path)
@@ -69,6 +75,27 @@ def _serve(listener: socket.socket, unix_path: str) -> None:
             upstream.close()
             continue
         threading.Thread(target=relay, args=(client, upstream), daemon=True).start()
+
+
+def _listen(port: int) -> list[socket.socket]:
+    """``127.0.0.1:port``, and ``[::1]:port`` where IPv6 is up: a client that resolves
+    ``localhost`` to ``::1`` first (Node does) reaches the proxy too."""
+    listeners = []
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            listener.bind((host, port))
+        except OSError:
+            listener.close()
+            if family == socket.AF_INET:
+                raise
+            continue  # no IPv6 loopback in this sandbox: IPv4 alone
+        listener.listen(256)
+        listeners.append(listener)
+    return listeners
 
 
 def _drop_privileges(uid: int, gid: int) -> None:
@@ -109,23 +136,19 @@ def _exec(command: list[str], unset: Sequence[str]) -> None:
 
 def main(argv: Sequence[str]) -> int:
     args = _parse(argv)
-    listener = None
-    if args.listen is not None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", args.listen))
-        listener.listen(256)
+    listeners = [] if args.listen is None else _listen(args.listen)
     _drop_privileges(args.uid, args.gid)
     os.write(args.ready_fd, b"ready\n")
     os.close(args.ready_fd)
-    if listener is None:
+    if not listeners:
         _exec(args.command, args.unset)
     child = os.fork()
     if child == 0:
-        assert listener is not None
-        listener.close()
+        for listener in listeners:
+            listener.close()
         _exec(args.command, args.unset)
-    threading.Thread(target=_serve, args=(listener, args.unix), daemon=True).start()
+    for listener in listeners:
+        threading.Thread(target=_serve, args=(listener, args.unix), daemon=True).start()
     _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 128 - code

@@ -66,7 +66,7 @@ def _feed(stream: IO[bytes], data: bytes) -> None:
         pass  # the command exited without reading all of its input
 
 
-def _wait_ready(fd: int, process: subprocess.Popen[bytes], deadline: float) -> bool:
+def _wait_ready(fd: int, deadline: float) -> bool:
     """True once the sandbox says ``ready``; False when the deadline passes first."""
     received = b""
     while True:
@@ -135,7 +135,7 @@ def run_bounded(
 
     timed_out = False
     try:
-        if ready_fd is not None and not _wait_ready(ready_fd, process, deadline):
+        if ready_fd is not None and not _wait_ready(ready_fd, deadline):
             if time.monotonic() < deadline:
                 process.wait()
                 for thread in threads:

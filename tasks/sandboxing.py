@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from sandbox.ownership import hand_over
 from sandbox.spec import Mount, Network, SandboxSpec, Workspace
 
 SANDBOX_UID = 1000
@@ -45,10 +46,6 @@ def none_spec(
 
 
 def give_to_sandbox_user(path: Path) -> None:
-    """``chown -R`` to the sandbox user (links themselves, never what they point at)."""
-    if os.geteuid() != 0:
-        return
-    os.lchown(path, SANDBOX_UID, SANDBOX_GID)
-    for root, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            os.lchown(os.path.join(root, name), SANDBOX_UID, SANDBOX_GID)
+    """``chown -R`` to the sandbox user when the runner is root (links themselves)."""
+    if os.geteuid() == 0:
+        hand_over(path, SANDBOX_UID, SANDBOX_GID)

@@ -21,6 +21,7 @@ RUNNER = """
 import sys
 from pathlib import Path
 from sandbox.bwrap import Bwrap
+from sandbox.docker import Docker
 from sandbox.podman import Podman
 from sandbox.spec import Network, ProxyRoute, SandboxSpec
 runtime_dir = Path(sys.argv[1])

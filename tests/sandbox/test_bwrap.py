@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -58,6 +59,22 @@ def test_the_proxy_answers_on_the_inside_port(
     result = bwrap.run(proxy_spec(http_server), ["python3", "-c", script])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"served by {http_server.server_address[1]} /v1/models"
+
+
+def test_localhost_reaches_the_proxy_over_ipv6_too(
+    bwrap: Bwrap, http_server: ThreadingHTTPServer
+) -> None:
+    """Node resolves ``localhost`` to ``::1`` first: the proxy must answer there as well."""
+    script = (
+        "const http = require('http');\n"
+        f"http.get({{host: '::1', port: {INSIDE_PORT}, path: '/node'}}, (res) => {{\n"
+        "  let body = ''; res.on('data', (c) => body += c);\n"
+        "  res.on('end', () => console.log(body));\n"
+        "}).on('error', (e) => { console.log('error ' + e.code); });\n"
+    )
+    result = bwrap.run(proxy_spec(http_server), ["node", "-e", script])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"served by {http_server.server_address[1]} /node"
 
 
 def test_another_host_port_is_unreachable(
@@ -267,3 +284,23 @@ def test_a_lower_the_sandbox_user_cannot_write_is_refused(bwrap: Bwrap, tmp_path
     )
     with pytest.raises(SandboxError, match="chown -R 1000:1000"):
         bwrap.run(spec, ["true"])
+
+
+def test_concurrent_sandboxes_each_reach_the_proxy(
+    bwrap: Bwrap, http_server: ThreadingHTTPServer
+) -> None:
+    script = (
+        "import sys, urllib.request\n"
+        f"print(urllib.request.urlopen(f'http://127.0.0.1:{INSIDE_PORT}/' + sys.argv[1]).read())"
+    )
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(
+            pool.map(
+                lambda i: bwrap.run(proxy_spec(http_server), ["python3", "-c", script, f"s{i}"]),
+                range(4),
+            )
+        )
+    port = http_server.server_address[1]
+    assert [r.stdout.strip() for r in results] == [
+        f"b'served by {port} /s{i}\\n'" for i in range(4)
+    ]

@@ -23,9 +23,9 @@ def marker() -> str:
     return f"{uuid.uuid4().int % 10**6 + 10**6}.25"
 
 
-def cli_reap(runtime_dir: Path) -> list[str]:
+def cli(runtime_dir: Path, action: str) -> list[str]:
     done = subprocess.run(
-        [sys.executable, "-m", "cli", "sandbox", "reap", "--runtime-dir", str(runtime_dir)],
+        [sys.executable, "-m", "cli", "sandbox", action, "--runtime-dir", str(runtime_dir)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -33,6 +33,10 @@ def cli_reap(runtime_dir: Path) -> list[str]:
         check=True,
     )
     return done.stdout.splitlines()
+
+
+def cli_reap(runtime_dir: Path) -> list[str]:
+    return cli(runtime_dir, "reap")
 
 
 def test_a_sigkilled_runner_leaves_no_process_and_reap_cleans_up(
@@ -52,6 +56,11 @@ def test_a_sigkilled_runner_leaves_no_process_and_reap_cleans_up(
         live = by_runner[live_runner.pid]
         assert dead.scratch.is_dir()  # left behind: nobody ran its cleanup
         assert dead.sandbox is not None
+        assert live.sandbox is not None
+
+        listed = cli(runtime_dir, "list")
+        assert f"{dead.id}\tbwrap\tdoomed\tdead runner\t{dead.sandbox.pid}" in listed
+        assert f"{live.id}\tbwrap\tdoomed\tlive\t{live.sandbox.pid}" in listed
 
         lines = cli_reap(runtime_dir)
         assert f"removed directory {dead.scratch}" in lines
