@@ -7,6 +7,7 @@ install:  ## torch first, pinned to the CPU wheel on disk, so pip never pulls a 
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[engine,dev]'
 	$(PY) -m pip install -q --no-deps sglang==0.5.23  # its parsers and request types, for the differential and conformance tests
+	$(PY) -m pip install -q --no-deps swebench==5.0.2  # its pytest log parser and resolution rule, for the grader (tasks.swebench_rules)
 
 demo: install  ## one scripted rollout on the embedded default (SQLite + local CPU engine)
 	lego-proxy demo

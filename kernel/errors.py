@@ -23,7 +23,10 @@ The core raises these; nothing returns errors as values. Each wire adapter maps 
     │                                   still catching up; retry after a while
     ├── ServerDidNotStart          500  a child server exited or never answered (kernel.process)
     ├── ConfigurationError         500  settings or surroundings a process cannot start with
-    └── PostgresUnavailable        500  no scratch Postgres here (recorder.scratch_postgres)
+    ├── PostgresUnavailable        500  no scratch Postgres here (recorder.scratch_postgres)
+    ├── SandboxError               500  a sandbox could not be created or run
+    └── TaskError                  500  a task directory is malformed (tasks.spec, tasks.pool)
+        └── EnvSetupFailure        500  a task image could not be built: its setup failed
 
 ``BackendError.retryable`` tells adapters whether the harness may retry (it becomes the
 in-band error's ``type``); the turn that hit it is recorded as failed either way.
@@ -169,3 +172,16 @@ class TaskError(LegoError):
     missing) or its image could not be built; the message names the task and the cause."""
 
     code = "task_error"
+
+
+class EnvSetupFailure(TaskError):
+    """A task's image could not be built (its ``setup_command`` failed, the repository
+    would not check out, the grading toolchain does not run in the sandbox). A trial of
+    that task is an ``env_setup_failure``, never a zero reward; ``reason`` says why."""
+
+    code = "env_setup_failure"
+
+    def __init__(self, message: str, *, task_id: str, reason: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.reason = reason
