@@ -38,6 +38,9 @@ check: lint typecheck test
 bench: install  ## proxy overhead vs direct engine calls (zero-compute engine)
 	$(PY) -m bench.overhead
 
+bench-sandbox: install  ## Table 5: image caching in the bwrap sandbox, each optimization with and without
+	$(PY) -m bench.sandbox
+
 serve:
 	lego-proxy serve
 

@@ -9,7 +9,8 @@ Types (frozen; the per-token arrays are numpy):
   ROW IS PADDING), aligned one-to-one by position; ``weight_versions`` and ``turn_ids`` one
   per turn; ``weight_version_spans`` ``(version, start, end)`` over loss-masked positions.
   ``recorder.trajectory`` builds it from recorded turns.
-- ``ClaimedSample`` (one session: reward a float, a tuple of floats or None),
+- ``ClaimedSample`` (one session: reward a float, a tuple of floats or None; the trial's
+  ``stages`` and ``defense_events`` as its finish reported them, ``recorder.records``),
   ``ClaimedGroup`` (one prompt group), ``ClaimedBatch`` (one claim); ``BatchHead`` and
   ``GroupHead`` are a batch without its samples, what a streamed ``binv1`` body sends first.
   ``format`` names the form the batch travels in.
@@ -60,8 +61,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernel.errors import InvalidRequest, RecorderError
 from recorder.codec import expert_dtype_for
+from recorder.records import STAGES, DefenseEvent, StageTimes
 
-SCHEMA_VERSION = 1  # of the claim; bump on any breaking change
+# Of the claim; bump on any breaking change. A field added that old decoders may ignore
+# (as they ignore unknown fields) is not one: samples gained ``stages`` and
+# ``defense_events`` under version 1.
+SCHEMA_VERSION = 1
 COMPACT_FORMATS = ("b64v1", "binv1")
 FORMATS = ("json", *COMPACT_FORMATS)
 MAGIC = b"LEGOBIN1"
@@ -97,6 +102,8 @@ class ClaimedSample:
     termination: str | None
     segments: tuple[Segment, ...]
     reward_details: Mapping[str, object] | None = None
+    stages: StageTimes | None = None
+    defense_events: tuple[DefenseEvent, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +206,8 @@ def sample_json(sample: ClaimedSample, wire: str) -> dict[str, object]:
         "reward": reward,
         "reward_details": None if sample.reward_details is None else dict(sample.reward_details),
         "termination": sample.termination,
+        "stages": None if sample.stages is None else sample.stages.reported(),
+        "defense_events": [event.flat() for event in sample.defense_events],
         "segments": [segment_json(s, wire, numpy_arrays=True) for s in sample.segments],
     }
 
@@ -351,12 +360,19 @@ class _SegmentWire(_Wire):
     turn_ids: list[str] = []
 
 
+class _EventWire(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: str
+
+
 class _SampleWire(_Wire):
     session_id: str
     sample_index: int = 0
     reward: float | list[float] | None = None
     reward_details: dict[str, Any] | None = None
     termination: str | None = None
+    stages: dict[str, float] | None = None
+    defense_events: list[_EventWire] = []
     segments: list[_SegmentWire]
 
 
@@ -463,6 +479,11 @@ def _sample(wire: _SampleWire, payload: memoryview | None) -> ClaimedSample:
         termination=wire.termination,
         segments=tuple(_segment(seg, payload) for seg in wire.segments),
         reward_details=wire.reward_details,
+        # A stage a newer server knows and this decoder does not is ignored, like a field.
+        stages=None
+        if wire.stages is None
+        else StageTimes.of({k: v for k, v in wire.stages.items() if k in STAGES}),
+        defense_events=tuple(DefenseEvent.of(e.model_dump()) for e in wire.defense_events),
     )
 
 

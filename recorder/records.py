@@ -8,6 +8,9 @@ anything. ``prompt_ids`` are the ids sent to the backend, bit-exact; ``output_id
 ``RoutedExperts.rows`` follows SGLang: row ``j`` is the routing computed when the token at
 absolute position ``start + j`` was fed through the model, shape ``[rows, layers, top_k]``.
 
+``StageTimes`` and ``DefenseEvent`` are what a finished trial reports beside its reward:
+seconds per stage (Table 4 of LEGO-RL) and what the reward-hack defenses did.
+
 ``TurnArrays`` is the export path's view of a turn: only what a training segment needs,
 with the per-token data as numpy arrays (read straight from the stored bytes by
 ``Store.list_turn_arrays``, routed experts kept in their stored dtype).
@@ -15,8 +18,8 @@ with the per-token data as numpy arrays (read straight from the stored bytes by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -181,6 +184,48 @@ class SessionSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class StageTimes:
+    """Seconds a trial spent in each stage (Table 4 of LEGO-RL); None where not reported."""
+
+    sandbox_setup: float | None = None
+    agent_setup: float | None = None
+    agent_execution: float | None = None
+    verification: float | None = None
+    other: float | None = None
+
+    @classmethod
+    def of(cls, reported: Mapping[str, float]) -> StageTimes:
+        """From ``{stage: seconds}`` (the stored and wire form); unknown stages are a bug."""
+        return cls(**{name: float(seconds) for name, seconds in reported.items()})
+
+    def reported(self) -> dict[str, float]:
+        """``{stage: seconds}`` for the stages that were reported, in Table 4's order."""
+        values = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return {name: seconds for name, seconds in values if seconds is not None}
+
+
+STAGES = tuple(f.name for f in fields(StageTimes))
+
+
+@dataclass(frozen=True, slots=True)
+class DefenseEvent:
+    """One thing a reward-hack defense did in a trial (``test_path_reverted``,
+    ``test_file_removed``, ``history_hidden``, ...), with free-form JSON details. Its
+    stored and wire form is one flat JSON object: ``{"kind": ..., **details}``."""
+
+    kind: str
+    details: Mapping[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, flat: Mapping[str, object]) -> DefenseEvent:
+        details = {key: value for key, value in flat.items() if key != "kind"}
+        return cls(kind=str(flat["kind"]), details=details)
+
+    def flat(self) -> dict[str, object]:
+        return {"kind": self.kind, **self.details}
+
+
+@dataclass(frozen=True, slots=True)
 class SessionInfo:
     id: str
     key: str
@@ -191,3 +236,5 @@ class SessionInfo:
     reward: float | tuple[float, ...] | None = None  # a scalar or a vector of objectives
     reward_details: dict[str, object] | None = None
     turn_count: int = 0
+    stages: StageTimes | None = None  # None: the finish reported none (or predates them)
+    defense_events: tuple[DefenseEvent, ...] = ()

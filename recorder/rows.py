@@ -16,7 +16,10 @@ Owns:
   the order given, as ``TurnRecord``s / ``TurnArrays`` (``ARRAY_COLUMNS`` are what the
   latter reads), full prompts rebuilt and the re-label rule applied.
 - ``session_values(info)`` / ``session_of(row, turn_count)``: a session both ways, and
-  ``reward_values(reward)``, the columns a finished session's reward is written to.
+  ``reward_values(reward)`` / ``trial_values(stages, events)``, the columns a finished
+  session's reward and trial report (stage timings, defense events) are written to: NULL
+  for none, so a session finished before they existed reads back the same as one that
+  reported none (``stages`` None, no events); ``stages_of`` / ``events_of`` read them.
 - The re-label rule (``SideRequests``): a turn stored as ``root`` that a turn of its
   session names in ``side_requests`` (a title request the main conversation's root showed
   to be a side request) reads back as ``fork``/``side_request``, whichever of the two rows
@@ -41,9 +44,11 @@ from kernel.errors import RecorderError
 from recorder import codec
 from recorder.prompts import full_prompts, prompt_offset
 from recorder.records import (
+    DefenseEvent,
     SessionInfo,
     SessionSpec,
     SessionStatus,
+    StageTimes,
     TurnArrays,
     TurnRecord,
     TurnStatus,
@@ -127,6 +132,24 @@ def reward_values(reward: Reward) -> dict[str, object]:
     return {"reward": reward, "reward_vector": None}
 
 
+def trial_values(stages: StageTimes | None, events: Sequence[DefenseEvent]) -> dict[str, object]:
+    """The ``sessions`` columns that hold a finished trial's stage timings and events."""
+    return {
+        "stages": None if stages is None else stages.reported(),
+        "defense_events": [event.flat() for event in events] or None,
+    }
+
+
+def stages_of(stored: Mapping[str, float] | None) -> StageTimes | None:
+    """A session's stage timings from its ``stages`` column."""
+    return None if stored is None else StageTimes.of(stored)
+
+
+def events_of(stored: Sequence[Mapping[str, object]] | None) -> tuple[DefenseEvent, ...]:
+    """A session's defense events from its ``defense_events`` column."""
+    return tuple(DefenseEvent.of(event) for event in stored or ())
+
+
 # -- sessions -----------------------------------------------------------------------------
 def session_values(info: SessionInfo) -> dict[str, object]:
     """The ``sessions`` row of a new session (it has no termination or reward yet)."""
@@ -151,6 +174,8 @@ def session_of(row: Row, turn_count: int) -> SessionInfo:
         reward=reward_of(row["reward"], row["reward_vector"]),
         reward_details=row["reward_details"],
         turn_count=turn_count,
+        stages=stages_of(row["stages"]),
+        defense_events=events_of(row["defense_events"]),
     )
 
 

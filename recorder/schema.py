@@ -87,6 +87,10 @@ sessions = Table(
     Column("created_at", Double, nullable=False),
     Column("finished_at", Double, nullable=True),
     Column("reward_vector", JsonColumn, nullable=True),  # set instead of reward for vectors
+    # What the trial reported at finish (migration 0009): {stage: seconds} and the
+    # defenses' events as a list of {"kind", ...}; NULL when it reported none.
+    Column("stages", JsonColumn, nullable=True),
+    Column("defense_events", JsonColumn, nullable=True),
     Index(None, "key", unique=True),
     Index(None, "run_id"),
 )

@@ -15,6 +15,9 @@ Contract:
   the group exported from them, never change. The session rows are locked ``FOR SHARE``
   in the write's transaction (SQLite: the write lock serializes), so a finish either sees
   the turn or the turn sees the finish, on every replica.
+- ``finish_session`` stores the trial's report with the reward (``stages``, the
+  ``defense_events``; ``recorder.rows.trial_values``), in the same guarded update, and
+  every session read gives it back (none: ``stages`` None, no events).
 - ``list_turns`` gives back exactly what was written, in seq order, except that logprobs
   are float32-rounded (see ``codec``). ``list_turn_arrays`` gives the same turns as
   ``TurnArrays`` (what the export needs): numpy views of the stored bytes, routed experts
@@ -51,10 +54,12 @@ from recorder import groups, rows
 from recorder.conversations import Conversation, StoredRequest, rebuild
 from recorder.database import create_engine, is_sqlite, parse_url, transaction
 from recorder.records import (
+    DefenseEvent,
     RunInfo,
     SessionInfo,
     SessionSpec,
     SessionStatus,
+    StageTimes,
     TurnArrays,
     TurnRecord,
     TurnStatus,
@@ -189,6 +194,9 @@ class Store:
         termination: str,
         reward: float | tuple[float, ...] | None,
         reward_details: dict[str, object] | None,
+        *,
+        stages: StageTimes | None = None,
+        defense_events: Sequence[DefenseEvent] = (),
     ) -> SessionInfo:
         async with transaction(self._engine, f"finish session {session_id}") as conn:
             # The status guard makes finishing atomic: of two concurrent calls one wins.
@@ -201,6 +209,7 @@ class Store:
                     termination=termination,
                     **rows.reward_values(reward),
                     reward_details=reward_details,
+                    **rows.trial_values(stages, defense_events),
                     finished_at=time.time(),
                 )
             )

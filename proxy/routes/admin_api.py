@@ -93,6 +93,8 @@ def session_json(session: SessionInfo, public_url: str) -> dict[str, object]:
         "termination": session.termination,
         "reward": session.reward,
         "reward_details": session.reward_details,
+        "stages": None if session.stages is None else session.stages.reported(),
+        "defense_events": [event.flat() for event in session.defense_events],
         "excluded": session.termination in EXCLUDED_TERMINATIONS,
         "turn_count": session.turn_count,
         "created_at": session.created_at,

@@ -6,11 +6,20 @@ OpenAI adapter (``{"error": {"message", "type", "param", "code"}}``). A session'
 has them all (``recorder.groups`` owns the rules; a session that may not join is 409).
 Reads flush this proxy's turn writer first, for at most ``FLUSH_TIMEOUT_S`` (then 503).
 
+A finish may carry the trial's report beside its reward: ``stages``, seconds per stage of
+Table 4 (``recorder.records.STAGES``; each finite, >= 0, at most ``MAX_STAGE_S``; any
+other key is a 400), and ``events``, what the reward-hack defenses did: at most
+``MAX_EVENTS`` flat JSON objects ``{"kind": "test_path_reverted", ...details}``, each at
+most ``MAX_EVENT_BYTES`` of JSON, storable as ``reward_details`` is. Every session read
+(this API's session JSON, the trajectory, the export's samples) gives them back as
+``stages`` (null when none were reported) and ``defense_events`` (the trajectory's
+``events`` are the history ledger's departures, an older contract).
+
     POST /api/v1/runs                          {"name"}                       -> run
     GET  /api/v1/runs?cursor=&limit=                              -> {"items", "next_cursor"}
     POST /api/v1/runs/{run_id}/sessions        {"task_id", "group_id", ...}   -> session + key
     POST /api/v1/runs/{run_id}/groups/{group_id}/close                        -> group
-    POST /api/v1/sessions/{id}/finish          {"termination", "reward"}      -> session
+    POST /api/v1/sessions/{id}/finish          {"termination", "reward", ...} -> session
     GET  /api/v1/sessions/{id}                                                -> session
     GET  /api/v1/sessions/{id}/trajectory                                     -> segments
 """
@@ -22,9 +31,18 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PlainValidator,
+    field_validator,
+    model_validator,
+)
 
 from kernel.errors import InvalidRequest, RecorderUnavailable
 from proxy.adapters.wire import Name, refuse_unstorable
@@ -42,7 +60,7 @@ from proxy.sampling_rules import SamplingSeed, TopK
 from proxy.settings import Settings
 from proxy.state import AppState
 from recorder.export_wire import segment_json
-from recorder.records import SessionSpec, Termination
+from recorder.records import STAGES, DefenseEvent, SessionSpec, StageTimes, Termination
 from recorder.rows import SideRequests
 from recorder.trajectory import build_segments
 
@@ -54,6 +72,9 @@ class _Strict(BaseModel):
 
 INT32_MAX = 2**31 - 1  # what an Integer column holds
 FLUSH_TIMEOUT_S = 10.0
+MAX_STAGE_S = 7 * 24 * 3600.0  # a week: no trial runs longer, and a typo stands out
+MAX_EVENTS = 256
+MAX_EVENT_BYTES = 64 * 1024  # room for a real repository's refs (history_hidden's items)
 
 
 class CreateRun(_Strict):
@@ -106,20 +127,72 @@ def _is_number(value: object) -> bool:
 Reward = Annotated[float | list[float] | None, PlainValidator(_reward)]
 
 
+def _refuse_unstorable(value: object) -> None:
+    # Stored in a JSON column and read back by every claim: refuse what would not be.
+    try:
+        refuse_unstorable(value, json_column=True)
+    except InvalidRequest as exc:
+        raise ValueError(exc.message) from None
+
+
+_Seconds = Annotated[float | None, Field(default=None, ge=0.0, le=MAX_STAGE_S, strict=True)]
+
+
+class TrialStages(_Strict):
+    """Seconds the trial spent in each stage of Table 4 (``recorder.records.StageTimes``)."""
+
+    sandbox_setup: _Seconds = None
+    agent_setup: _Seconds = None
+    agent_execution: _Seconds = None
+    verification: _Seconds = None
+    other: _Seconds = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_stages(cls, value: object) -> object:
+        # Named here, not as pydantic's "extra inputs", so the caller learns the stages.
+        unknown = sorted(set(value) - set(STAGES)) if isinstance(value, dict) else []
+        if unknown:
+            raise ValueError(f"unknown stage {unknown[0]!r}; the stages are {', '.join(STAGES)}")
+        return value
+
+
+class TrialEvent(BaseModel):
+    """What one defense did: a ``kind`` and free-form JSON details beside it."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
+    __pydantic_extra__: dict[str, JsonValue] = Field(init=False)
+
+    kind: Name = Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")
+
+    @model_validator(mode="after")
+    def _small_and_storable(self) -> TrialEvent:
+        _refuse_unstorable(self.model_extra)
+        if len(orjson.dumps(self.model_dump())) > MAX_EVENT_BYTES:
+            raise ValueError(f"an event must be at most {MAX_EVENT_BYTES} bytes of JSON")
+        return self
+
+
 class FinishSession(_Strict):
     termination: Termination
     reward: Reward = None  # a scalar, or a vector of objectives
     reward_details: dict[str, JsonValue] | None = None
+    stages: TrialStages | None = None
+    events: list[TrialEvent] = Field(default_factory=list, max_length=MAX_EVENTS)
 
     @field_validator("reward_details")
     @classmethod
     def _storable(cls, value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
-        # Stored in a JSON column and read back by every claim: refuse what would not be.
-        try:
-            refuse_unstorable(value, json_column=True)
-        except InvalidRequest as exc:
-            raise ValueError(exc.message) from None
+        _refuse_unstorable(value)
         return value
+
+    def stage_times(self) -> StageTimes | None:
+        if self.stages is None:
+            return None
+        return StageTimes(**self.stages.model_dump())
+
+    def defense_events(self) -> tuple[DefenseEvent, ...]:
+        return tuple(DefenseEvent.of(event.model_dump()) for event in self.events)
 
 
 def _state(request: Request) -> AppState:
@@ -188,7 +261,12 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         )
         reward = tuple(body.reward) if isinstance(body.reward, list) else body.reward
         session = await state.store.finish_session(
-            request.path_params["session_id"], body.termination.value, reward, details
+            request.path_params["session_id"],
+            body.termination.value,
+            reward,
+            details,
+            stages=body.stage_times(),
+            defense_events=body.defense_events(),
         )
         state.sessions.finished(session)
         state.pipeline.forget(session.id)

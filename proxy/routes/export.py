@@ -405,6 +405,8 @@ async def _sample(state: ExportState, session_id: str) -> ClaimedSample | LegoEr
         termination=session.termination,
         segments=segments,
         reward_details=session.reward_details,
+        stages=session.stages,
+        defense_events=session.defense_events,
     )
 
 

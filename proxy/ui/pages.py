@@ -3,7 +3,8 @@
 Contract: ``Pages()`` builds one autoescaping Jinja2 environment (per router, nothing at
 import time); each method takes the frozen results of the recorder's read models
 (``recorder.read_models``) and returns a complete HTML document as ``str``. Numbers and
-rewards (a vector as ``[1.0, 0.0]``) are formatted here, sampled token ids are turned into
+rewards (a vector as ``[1.0, 0.0]``) and a trial's defense events' details (compact
+JSON) are formatted here, sampled token ids are turned into
 text here with the decoder the caller passes (the served tokenizer), charts come from
 ``charts``, the collapse table from ``collapse``; nothing here touches the database.
 """
@@ -14,6 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
@@ -93,6 +95,12 @@ def pct(value: float | None) -> str:
     return MISSING if value is None else f"{value * 100:.1f}%"
 
 
+def compact_json(value: object) -> str:
+    # Plain text, escaped by the template like any other (Jinja's tojson escapes for
+    # scripts, which would show "\u003c" on the page).
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
 def token_style(logprob: float) -> str:
     # Green for a confident token, through yellow, to red for an unlikely one.
     probability = math.exp(max(logprob, -50.0))
@@ -107,7 +115,9 @@ class Pages:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self._env.filters.update(fmt=fmt, pct=pct, reward=reward, token_style=token_style)
+        self._env.filters.update(
+            fmt=fmt, pct=pct, reward=reward, token_style=token_style, compact_json=compact_json
+        )
         self._env.globals.update(refresh_s=REFRESH_S, page_links=page_links)
 
     def _render(self, name: str, **context: object) -> str:

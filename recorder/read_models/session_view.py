@@ -2,7 +2,8 @@
 
 Contract: ``load_session(store, session_id)`` raises ``NotFound`` for an unknown session
 and otherwise returns a ``SessionView`` in two SQL statements: the session's reward as the
-recorder's reward rule reads it (a vector as a tuple of floats), and its turns in tree
+recorder's reward rule reads it (a vector as a tuple of floats), the trial's stage timings
+and defense events as its finish reported them (``recorder.rows``), and its turns in tree
 order (depth-first from each root, children by seq) with their depth, classification and
 fork reason (re-labels applied, ``recorder.rows.SideRequests``), the messages the turn
 added to its parent's conversation (all of them for a root; whole requests are rebuilt
@@ -25,7 +26,8 @@ from kernel.errors import NotFound
 from recorder import codec
 from recorder.answers import Answer
 from recorder.conversations import Conversation, StoredRequest, rebuild
-from recorder.rows import Reward, SideRequests, reward_of
+from recorder.records import DefenseEvent, StageTimes
+from recorder.rows import Reward, SideRequests, events_of, reward_of, stages_of
 from recorder.schema import sessions, turns
 from recorder.store import Store
 
@@ -83,6 +85,8 @@ class SessionView:
     termination: str | None
     reward: Reward
     turns: tuple[TurnView, ...]
+    stages: StageTimes | None = None
+    defense_events: tuple[DefenseEvent, ...] = ()
 
 
 def _message(data: Mapping[str, Any], default_role: str) -> ShownMessage:
@@ -165,6 +169,8 @@ async def load_session(store: Store, session_id: str) -> SessionView:
         termination=session.termination,
         reward=reward_of(session.reward, session.reward_vector),
         turns=tuple(views),
+        stages=stages_of(session.stages),
+        defense_events=events_of(session.defense_events),
     )
 
 

@@ -1,8 +1,9 @@
 """Every benchmark starts both ways: ``python -m bench.X`` and ``python bench/X.py``.
 
 Run as a script, a benchmark's own directory comes first on ``sys.path``; a module named
-like a package of the project (``bench/recorder.py`` once) would shadow that package, and a
-benchmark importing a sibling as ``bench.*`` would not find it. ``--help`` imports the
+like a package of the project (``bench/recorder.py`` once; ``bench/sandbox.py``, which
+takes itself off ``sys.path`` first) would shadow that package, and a benchmark importing
+a sibling as ``bench.*`` would not find it. ``--help`` imports the
 whole module and parses its arguments without measuring anything.
 """
 
@@ -19,7 +20,7 @@ BENCHMARKS = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "
 
 
 def test_benchmarks_are_found() -> None:
-    assert {"overhead", "recording", "turn_cost"} <= set(BENCHMARKS)
+    assert {"overhead", "recording", "sandbox", "turn_cost"} <= set(BENCHMARKS)
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)

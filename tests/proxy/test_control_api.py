@@ -206,6 +206,67 @@ def test_graded_termination_records_reward_and_details(proxy: Proxy) -> None:
     assert result["reward_details"] == {"tests_passed": 0}
 
 
+STAGES = {"sandbox_setup": 2.5, "agent_setup": 0.5, "agent_execution": 61.0, "verification": 4}
+EVENTS = [
+    {"kind": "test_path_reverted", "path": "tests/test_calc.py"},
+    {"kind": "test_file_removed", "path": "tests/conftest.py", "bytes": 42},
+    {"kind": "history_hidden", "refs": ["refs/heads/fix", "refs/tags/v1"], "detail": {"n": 2}},
+]
+
+
+def test_a_trial_report_is_stored_and_every_read_gives_it_back(proxy: Proxy) -> None:
+    session = proxy.new_session()
+    body = {"termination": "completed", "reward": 1.0, "stages": STAGES, "events": EVENTS}
+
+    finished = proxy.admin.post(f"/api/v1/sessions/{session['id']}/finish", json=body)
+
+    got = proxy.admin.get(f"/api/v1/sessions/{session['id']}").json()
+    trajectory = proxy.trajectory(session["id"])
+    for read in (finished.raise_for_status().json(), got, trajectory):
+        assert read["stages"] == {**STAGES, "verification": 4.0}
+        assert read["defense_events"] == EVENTS
+    assert trajectory["events"] == []  # the ledger's departures, a separate list
+
+
+def test_a_finish_without_a_trial_report_reads_back_none(proxy: Proxy) -> None:
+    session = proxy.new_session()
+    finish = f"/api/v1/sessions/{session['id']}/finish"
+    result = proxy.admin.post(finish, json={"termination": "harness_error"}).raise_for_status()
+    assert (result.json()["stages"], result.json()["defense_events"]) == (None, [])
+    assert proxy.trajectory(session["id"])["stages"] is None
+
+
+@pytest.mark.parametrize(
+    ("report", "param", "says"),
+    [
+        ({"stages": {"setup": 1.0}}, "stages", "unknown stage 'setup'"),
+        ({"stages": {"verification": -0.5}}, "stages.verification", "greater than or equal"),
+        ({"stages": {"verification": 1e9}}, "stages.verification", "less than or equal"),
+        ({"stages": {"verification": "3"}}, "stages.verification", "valid number"),
+        ({"stages": {"verification": True}}, "stages.verification", "valid number"),
+        ({"stages": [1.0]}, "stages", "object"),
+        ({"events": {"kind": "x"}}, "events", "array"),
+        ({"events": [{"path": "a"}]}, "events.0.kind", "required"),
+        ({"events": [{"kind": 3}]}, "events.0.kind", "string"),
+        ({"events": [{"kind": "Not A Kind"}]}, "events.0.kind", "pattern"),
+        ({"events": [{"kind": "x", "n": 2**70}]}, "events.0", "64 bits"),
+        ({"events": [{"kind": "x", "note": "a\x00b"}]}, "events.0", "NUL"),
+        ({"events": [{"kind": "x", "blob": "y" * 65_536}]}, "events.0", "65536 bytes"),
+        ({"events": [{"kind": "x"}] * 257}, "events", "at most 256"),
+    ],
+)
+def test_bad_trial_reports_are_refused_naming_the_field(
+    proxy: Proxy, report: dict[str, Any], param: str, says: str
+) -> None:
+    session = proxy.new_session()
+    finish = f"/api/v1/sessions/{session['id']}/finish"
+    body = {"termination": "completed", "reward": 1.0, **report}
+    error = error_of(proxy.admin.post(finish, json=body), 400)
+    assert error["param"] == param
+    assert says in error["message"]
+    assert proxy.admin.get(f"/api/v1/sessions/{session['id']}").json()["status"] == "active"
+
+
 # -- session JSON ---------------------------------------------------------------------------
 
 

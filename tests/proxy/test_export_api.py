@@ -34,7 +34,16 @@ CLAIM_KEYS = {
     "stale_groups",
     "groups",
 }
-SAMPLE_KEYS = {"session_id", "sample_index", "reward", "reward_details", "termination", "segments"}
+SAMPLE_KEYS = {
+    "session_id",
+    "sample_index",
+    "reward",
+    "reward_details",
+    "termination",
+    "stages",
+    "defense_events",
+    "segments",
+}
 SEGMENT_KEYS = {
     "tokens",
     "loss_mask",
@@ -141,6 +150,33 @@ def test_the_compact_format_decodes_to_the_json_arrays(proxy: Proxy) -> None:
     assert list(segment.turn_ids) == want["turn_ids"]
     bad = proxy.admin.post(f"/api/v1/runs/{run}/claims?format=xml", json={"groups": 1})
     assert bad.status_code == 400
+
+
+@pytest.mark.parametrize("fmt", ["json", "b64v1", "binv1"])
+def test_claimed_samples_carry_the_trial_report_in_every_format(proxy: Proxy, fmt: str) -> None:
+    run = new_run(proxy)
+    reported, silent = new_session(proxy, run, "g", 0), new_session(proxy, run, "g", 1)
+    converse(reported, turns=1)
+    converse(silent, turns=1)
+    stages = {"sandbox_setup": 1.25, "agent_execution": 30.5, "verification": 2.0}
+    events = [{"kind": "test_path_reverted", "path": "tests/test_a.py"}, {"kind": "history_hidden"}]
+    body = {"termination": "completed", "reward": 1.0, "stages": stages, "events": events}
+    path = f"/api/v1/sessions/{reported['id']}/finish"
+    proxy.admin.post(path, json=body).raise_for_status()
+    finish(proxy, silent, "completed", 0.0)
+
+    response = proxy.admin.post(f"/api/v1/runs/{run}/claims?format={fmt}", json={"groups": 1})
+    batch = decode_claim(response.raise_for_status().content)
+
+    first, second = batch.groups[0].samples
+    assert first.session_id == reported["id"]
+    assert first.stages is not None
+    assert first.stages.reported() == stages
+    assert [event.flat() for event in first.defense_events] == events
+    assert (second.stages, second.defense_events) == (None, ())
+    if fmt != "binv1":
+        raw = response.json()["groups"][0]["samples"]
+        assert (raw[0]["stages"], raw[0]["defense_events"]) == (stages, events)
 
 
 def test_weight_versions_and_staleness_filter(proxy: Proxy) -> None:

@@ -40,6 +40,7 @@ from recorder.export_wire import (
     sample_json,
     segment_json,
 )
+from recorder.records import DefenseEvent, StageTimes
 from tests.recorder.builders import segment
 
 
@@ -51,6 +52,11 @@ def batch(wire: str) -> ClaimedBatch:
         termination="completed",
         segments=(segment(), segment(6, experts=np.uint16, base=300)),
         reward_details={"tests": {"passed": 3}},
+        stages=StageTimes(sandbox_setup=0.75, agent_execution=31.5, verification=2.0),
+        defense_events=(
+            DefenseEvent("test_path_reverted", {"path": "tests/test_a.py", "lines": [3, 4]}),
+            DefenseEvent("history_hidden"),
+        ),
     )
     vector = ClaimedSample("s2", 1, (0.5, -1.0), "max_turns", (segment(3, experts=None),))
     empty = ClaimedSample("s3", 2, None, "completed", (segment(0, experts=np.int32),))
@@ -114,9 +120,35 @@ def test_a_claim_round_trips_in_every_form(wire: str) -> None:
             assert got_sample.reward == sent_sample.reward
             assert got_sample.termination == sent_sample.termination
             assert got_sample.reward_details == sent_sample.reward_details
+            assert got_sample.stages == sent_sample.stages
+            assert got_sample.defense_events == sent_sample.defense_events
             assert len(got_sample.segments) == len(sent_sample.segments)
             for got_seg, sent_seg in zip(got_sample.segments, sent_sample.segments, strict=True):
                 assert_same_segment(got_seg, sent_seg, wire)
+
+
+def test_the_trial_report_travels_as_plain_json_and_old_samples_decode_without_one() -> None:
+    first = batch("json").groups[0].samples[0]
+    encoded = sample_json(first, "json")
+    assert encoded["stages"] == {
+        "sandbox_setup": 0.75,
+        "agent_execution": 31.5,
+        "verification": 2.0,
+    }
+    assert encoded["defense_events"] == [
+        {"kind": "test_path_reverted", "path": "tests/test_a.py", "lines": [3, 4]},
+        {"kind": "history_hidden"},
+    ]
+    old = {k: v for k, v in encoded.items() if k not in ("stages", "defense_events")}
+    assert first.stages is not None
+    newer = {**encoded, "stages": {**first.stages.reported(), "warm_up": 1.0}}
+    for sample, stages, events in ((old, None, ()), (newer, first.stages, first.defense_events)):
+        groups = [{"group_id": "g", "samples": [sample]}]
+        body = {"schema_version": SCHEMA_VERSION, "batch_id": "b", "groups": groups}
+        claim = decode_claim(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
+        (got,) = claim.groups[0].samples
+        assert got.stages == stages  # a stage this decoder does not know is ignored
+        assert got.defense_events == events
 
 
 def test_an_empty_claim_round_trips() -> None:

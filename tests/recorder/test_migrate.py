@@ -209,3 +209,36 @@ async def test_requests_stored_before_0005_stay_readable_and_downgrade_rebuilds_
     assert {k: orjson.loads(v) for k, v in whole.items()} == expected
     await upgrade_database(database_url)
     assert await schema_differences(database_url) == []
+
+
+async def test_sessions_finished_before_0009_read_back_without_a_trial_report(
+    database_url: str,
+) -> None:
+    await migrate_down_to(database_url, "0008")
+    spec = SessionSpec(run_id="", task_id="t", group_id="g", sample_index=0, harness="h")
+    store = await Store.open(database_url)
+    try:
+        run = await store.create_run(f"run-{uuid.uuid4().hex[:8]}")
+        spec = dataclasses.replace(spec, run_id=run.id)
+        info = SessionInfo(uuid.uuid4().hex, "k-" + uuid.uuid4().hex, spec, SessionStatus.ACTIVE, 0)
+        old = {
+            **session_values(info),
+            "status": SessionStatus.FINISHED.value,
+            "termination": "completed",
+            "reward": 1.0,
+            "reward_details": {"tests": 3},
+        }
+        async with store.engine.begin() as conn:  # the 0008 schema has neither column
+            await conn.execute(insert(sessions).values(**old))
+    finally:
+        await store.close()
+
+    await upgrade_database(database_url)
+
+    store = await Store.open(database_url)
+    try:
+        got = await store.get_session(info.id)
+        assert (got.reward, got.reward_details) == (1.0, {"tests": 3})
+        assert (got.stages, got.defense_events) == (None, ())
+    finally:
+        await store.close()

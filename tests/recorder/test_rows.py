@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from recorder.records import SessionInfo, SessionSpec, SessionStatus
+from recorder.records import DefenseEvent, SessionInfo, SessionSpec, SessionStatus, StageTimes
 from recorder.rows import (
     SideRequests,
     arrays_of,
@@ -16,6 +16,7 @@ from recorder.rows import (
     reward_values,
     session_of,
     session_values,
+    trial_values,
     turns_of,
 )
 from tests.recorder.builders import make_turn
@@ -82,6 +83,7 @@ def test_a_session_round_trips_through_its_row_with_either_kind_of_reward() -> N
             "status": "finished",
             "termination": "completed",
             "reward_details": {"tests": 3},
+            **trial_values(None, ()),
         }
         assert (row["reward"] is None) == (not isinstance(reward, float))
         assert session_of(row, 4) == replace(
@@ -92,3 +94,28 @@ def test_a_session_round_trips_through_its_row_with_either_kind_of_reward() -> N
             reward_details={"tests": 3},
             turn_count=4,
         )
+
+
+def test_a_trial_report_round_trips_through_its_row_and_none_reads_as_none() -> None:
+    spec = SessionSpec(run_id="r", task_id="t", group_id="g", sample_index=0, harness="h")
+    info = SessionInfo(id="s", key="k", spec=spec, status=SessionStatus.FINISHED, created_at=1.0)
+    stages = StageTimes(sandbox_setup=0.5, agent_execution=12.25, other=0.0)
+    events = (
+        DefenseEvent("test_path_reverted", {"path": "tests/test_a.py", "lines": [1, 2]}),
+        DefenseEvent("history_hidden"),
+    )
+    base = {**session_values(info), **reward_values(1.0), "termination": "completed"}
+    stored = trial_values(stages, events)
+    assert stored == {
+        "stages": {"sandbox_setup": 0.5, "agent_execution": 12.25, "other": 0.0},
+        "defense_events": [
+            {"kind": "test_path_reverted", "path": "tests/test_a.py", "lines": [1, 2]},
+            {"kind": "history_hidden"},
+        ],
+    }
+    got = session_of({**base, "reward_details": None, **stored}, 0)
+    assert (got.stages, got.defense_events) == (stages, events)
+    # A session finished without a report (or before migration 0009) stores NULLs.
+    assert trial_values(None, ()) == {"stages": None, "defense_events": None}
+    empty = session_of({**base, "reward_details": None, **trial_values(None, ())}, 0)
+    assert (empty.stages, empty.defense_events) == (None, ())

@@ -12,7 +12,14 @@ import pytest
 from sqlalchemy import func, select
 
 from kernel.errors import Conflict, InvalidRequest, NotFound, RecorderError
-from recorder.records import SessionInfo, SessionSpec, SessionStatus, TurnRecord
+from recorder.records import (
+    DefenseEvent,
+    SessionInfo,
+    SessionSpec,
+    SessionStatus,
+    StageTimes,
+    TurnRecord,
+)
 from recorder.rows import StoredTurn, encode_turn
 from recorder.schema import turns
 from recorder.store import Store
@@ -110,6 +117,32 @@ async def test_finish_session_once(store: Store) -> None:
     with pytest.raises(Conflict, match="already finished"):
         await store.finish_session(session.id, "completed", 1.0, None)
     assert (await store.get_session(session.id)).reward == 0.75
+
+
+async def test_finish_keeps_the_trial_report_and_every_read_gives_it_back(store: Store) -> None:
+    session = await new_session(store)
+    stages = StageTimes(sandbox_setup=1.5, agent_setup=0.25, agent_execution=40.0, verification=3.0)
+    events = (
+        DefenseEvent("test_path_reverted", {"path": "tests/test_calc.py", "bytes": 120}),
+        DefenseEvent("test_file_removed", {"path": "tests/test_new.py"}),
+        DefenseEvent("history_hidden", {"refs": ["refs/heads/fix"], "nested": {"n": 1.5}}),
+    )
+
+    finished = await store.finish_session(
+        session.id, "completed", 1.0, None, stages=stages, defense_events=events
+    )
+
+    assert (finished.stages, finished.defense_events) == (stages, events)
+    assert await store.get_session(session.id) == finished
+    (listed,) = await store.list_sessions(session.spec.run_id)
+    assert (listed.stages, listed.defense_events) == (stages, events)
+
+
+async def test_a_finish_without_a_report_reads_back_none(store: Store) -> None:
+    session = await new_session(store)
+    finished = await store.finish_session(session.id, "harness_error", None, None)
+    assert (finished.stages, finished.defense_events) == (None, ())
+    assert (await store.get_session(session.id)).stages is None
 
 
 async def test_failed_environment_keeps_a_null_reward(store: Store) -> None:

@@ -175,3 +175,30 @@ def test_a_vector_reward_shows_on_the_session_page_and_in_the_sessions_table(
     assert "reward [1.0, 0.0]," in page
     table = proxy.admin.get(f"/ui/runs/{session['run_id']}/sessions").raise_for_status().text
     assert '<td class="num">[1.0, 0.0]</td>' in table
+
+
+def test_the_session_page_shows_the_trial_report(proxy: Proxy) -> None:
+    reported = proxy.new_session(task_id="trial-task", group_id="trial-group")
+    silent = proxy.new_session(task_id="trial-task", group_id="trial-group", sample_index=1)
+    stages = {"sandbox_setup": 1.5, "agent_execution": 42.25, "verification": 3.0}
+    events = [
+        {"kind": "test_path_reverted", "path": "tests/<calc>.py"},
+        {"kind": "history_hidden", "refs": ["refs/heads/fix"]},
+    ]
+    body = {"termination": "completed", "reward": 1.0, "stages": stages, "events": events}
+    proxy.admin.post(f"/api/v1/sessions/{reported['id']}/finish", json=body).raise_for_status()
+    proxy.admin.post(
+        f"/api/v1/sessions/{silent['id']}/finish", json={"termination": "harness_error"}
+    ).raise_for_status()
+
+    page = proxy.admin.get(f"/ui/sessions/{reported['id']}").raise_for_status().text
+    assert '<tr data-stage="sandbox_setup"><td>sandbox_setup</td><td class="num">1.5</td>' in page
+    assert '<td>agent_execution</td><td class="num">42.25</td>' in page
+    assert '<tr><td>total</td><td class="num">46.75</td></tr>' in page
+    assert 'data-stage="agent_setup"' not in page  # not reported, not shown
+    assert '<li data-kind="test_path_reverted">' in page
+    assert "{&#34;kind&#34;" not in page  # the kind is the badge, not repeated in the details
+    assert "tests/&lt;calc&gt;.py" in page  # escaped, never markup
+    assert '<li data-kind="history_hidden">' in page
+    plain = proxy.admin.get(f"/ui/sessions/{silent['id']}").raise_for_status().text
+    assert 'id="trial"' not in plain
