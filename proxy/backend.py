@@ -69,6 +69,8 @@ from proxy.tokens import TokenIds
 from recorder.records import RoutedExperts
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+# How long the end of a finished stream may take to arrive before its connection is dropped.
+DRAIN_TIMEOUT_S = 1.0
 
 _log = logging.getLogger(__name__)
 
@@ -388,7 +390,8 @@ class SGLangBackend:
                 await response.aread()
                 raise http_error(response)
             seen = 0
-            async for line in response.aiter_lines():
+            lines = response.aiter_lines()
+            async for line in lines:
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -412,6 +415,7 @@ class SGLangBackend:
                     if end.type == "abort" and end.status_code is not None:
                         # SGLang's refusals and timeouts: an error, not a pause to resume.
                         raise refusal(str(end.message), int(end.status_code))
+                    await self._drain(lines)
                     yield GenerationEnd(
                         finish=end,
                         weight_version=str(meta.get("weight_version", "default")),
@@ -431,6 +435,17 @@ class SGLangBackend:
             raise BackendError(f"backend stream from {worker.url} broke: {exc!r}") from exc
         finally:
             await response.aclose()
+
+    async def _drain(self, lines: AsyncIterator[str]) -> None:
+        """Reads what follows the finish chunk (``data: [DONE]`` and the end of the chunked
+        body) so the connection goes back to the pool: a response closed before its body
+        ends takes its connection with it, and the next turn would pay a new TCP connect.
+        Bounded, so a backend that keeps the stream open after its finish costs a
+        connection, never a turn."""
+        with contextlib.suppress(httpx.HTTPError, TimeoutError):
+            async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                async for _ in lines:
+                    pass
 
     async def abort(self, rid: str) -> None:
         """Best effort: the request may already be finished, which is fine. ``rid`` must be
