@@ -49,12 +49,12 @@ from importlib import metadata
 
 from sandbox.bwrap import Bwrap
 from sandbox.spec import ExecResult, Mount, Sandbox
+from tasks.generated import make_task
 from tasks.images import TaskImage, build_image
 from tasks.sandboxing import give_to_sandbox_user, none_spec
 from tasks.spec import Task, load_task
 from tasks.toolchain import DISTRIBUTIONS
 from tasks.workspaces import new_workspace
-from tests.support.task_factory import make_task
 
 ROUNDS = 5
 RUNTIME = Path.home() / ".cache/lego-proxy/harness/npm/node_modules/@openai"

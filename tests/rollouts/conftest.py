@@ -21,10 +21,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
 from kernel.threaded import serve
+from tasks import generated
 from tests.harness.conftest import installed as installed
 from tests.harness.stack import HarnessStack, harness_stack
 from tests.rollouts.policy import SCENARIOS, marker, script
-from tests.support import task_factory
 
 
 @dataclass
@@ -70,7 +70,7 @@ def proof_stack(
 def scenario_pool(pool: Path, harness: str, scenarios: tuple[str, ...] = tuple(SCENARIOS)) -> Path:
     for scenario in scenarios:
         variant, timeout_s, _ = SCENARIOS[scenario]
-        root = task_factory.make_task(pool, f"{harness}-{scenario}", variant=variant)
+        root = generated.make_task(pool, f"{harness}-{scenario}", variant=variant)
         spec = json.loads((root / "task.json").read_text())
         spec["instruction"] = f"{marker(harness, scenario)} {spec['instruction']}"
         if timeout_s is not None:

@@ -24,11 +24,11 @@ from rollouts.harnesses import Endpoint
 from rollouts.runner import RolloutConfig, finish_body, jobs, run_rollout
 from rollouts.stages import Stage, Stopwatch
 from rollouts.trial import Ending, HarnessOutcome, Termination, TrialResult
+from tasks import generated
 from tasks.events import DefenseEvent, DefenseKind
 from tasks.grading import Expectation, GradeResult, GradeTermination
 from tasks.grading import TestResult as GradedTest
 from tasks.spec import Task, load_task
-from tests.support import task_factory
 
 ADMIN_KEY = "runner-test-admin-key"
 REVERTED = DefenseEvent(DefenseKind.TEST_PATH_REVERTED, "1 file restored", ("tests/t.py",))
@@ -59,7 +59,7 @@ def admin(proxy: str) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory: pytest.TempPathFactory) -> list[Task]:
     pool = tmp_path_factory.mktemp("pool")
-    return [load_task(task_factory.make_task(pool, name)) for name in ("alpha", "beta")]
+    return [load_task(generated.make_task(pool, name)) for name in ("alpha", "beta")]
 
 
 def new_run(admin: httpx.Client) -> str:

@@ -34,13 +34,13 @@ from rollouts.summary import Summary
 from rollouts.trial import TrialResult, TrialSetup, proxy_route, run_trial
 from sandbox import registry
 from sandbox.bwrap import Bwrap
+from tasks import generated
 from tasks.pool import load_pool
 from tasks.spec import Task
 from tests.harness.harnesses import Installed
 from tests.harness.stack import ADMIN_KEY, HarnessStack
 from tests.rollouts.conftest import PROOF_HARNESSES, FetchServer, scenario_pool
 from tests.rollouts.policy import marker
-from tests.support import task_factory
 from trainer_bridge.client import ExportClient
 
 pytestmark = pytest.mark.harness
@@ -174,7 +174,7 @@ def test_an_honest_fix_is_rewarded(rollout: Rollout, proof_stack: HarnessStack) 
     details = body["reward_details"]
     assert isinstance(details, dict)
     tests = {t["id"]: t["passed"] for t in details["tests"]}
-    assert tests == {t: True for t in (*task_factory.FAIL_TO_PASS, *task_factory.PASS_TO_PASS)}
+    assert tests == {t: True for t in (*generated.FAIL_TO_PASS, *generated.PASS_TO_PASS)}
     events = body["defense_events"]
     assert isinstance(events, list)
     assert {e["kind"] for e in events} >= {"history_hidden", "tests_withheld"}
@@ -191,11 +191,11 @@ def test_test_edits_are_reverted_before_grading(
     assert (cheat.termination, cheat.result.reward) == ("completed", 0.0), why(cheat)
     reverted = [e for e in cheat.result.ending.events if e.kind.value == "test_path_reverted"]
     assert reverted, why(cheat)
-    assert task_factory.CHEAT_TEST_PATH in reverted[0].items
+    assert generated.CHEAT_TEST_PATH in reverted[0].items
     grade = cheat.result.ending.grade
     assert grade is not None
     failed = {t.test_id for t in grade.tests if not t.passed}
-    assert failed == set(task_factory.FAIL_TO_PASS)  # the bug is still there, the rest pass
+    assert failed == set(generated.FAIL_TO_PASS)  # the bug is still there, the rest pass
 
 
 def test_git_history_holds_one_commit_and_no_fix(
@@ -209,8 +209,8 @@ def test_git_history_holds_one_commit_and_no_fix(
     assert "LEGO-REMOTES=0" in seen, seen
     assert "LEGO-FIXHITS=0" in seen, seen
     assert "unknown revision" in seen or "ambiguous argument" in seen, seen
-    assert task_factory.FIX_MARKER not in seen
-    assert task_factory.HIDDEN_TEST not in seen
+    assert generated.FIX_MARKER not in seen
+    assert generated.HIDDEN_TEST not in seen
 
 
 def test_the_fix_server_on_host_loopback_is_unreachable(

@@ -18,8 +18,8 @@ from rollouts.harnesses import Endpoint
 from rollouts.stages import Stopwatch
 from rollouts.trial import TrialResult, TrialSetup, proxy_route, run_trial
 from sandbox.bwrap import Bwrap
+from tasks import generated
 from tasks.spec import load_task
-from tests.support import task_factory
 
 KEY = "lego-sk-trial"
 ENDPOINT = Endpoint(KEY, f"http://proxy.test:1/s/{KEY}/v1", f"http://proxy.test:1/s/{KEY}")
@@ -42,7 +42,7 @@ def runtime(root: Path, body: str) -> Path:
 
 
 def trial(tmp_path: Path, body: str, *, agent_timeout_s: float | None = None) -> TrialResult:
-    directory = task_factory.make_task(tmp_path / "pool", "calc")
+    directory = generated.make_task(tmp_path / "pool", "calc")
     if agent_timeout_s is not None:
         spec = json.loads((directory / "task.json").read_text())
         spec["agent_timeout_s"] = agent_timeout_s
@@ -63,7 +63,7 @@ def trial(tmp_path: Path, body: str, *, agent_timeout_s: float | None = None) ->
 
 
 def test_a_fixing_harness_completes_with_reward_one(tmp_path: Path) -> None:
-    result = trial(tmp_path, task_factory.honest_fix_command())
+    result = trial(tmp_path, generated.honest_fix_command())
     assert (result.termination, result.reward) == ("completed", 1.0), result
     agent = result.ending.agent
     assert agent is not None
@@ -97,7 +97,7 @@ def test_a_hanging_harness_is_an_agent_timeout(tmp_path: Path) -> None:
 def test_an_image_that_cannot_be_built_is_an_env_setup_failure(
     tmp_path: Path, variant: str
 ) -> None:
-    directory = task_factory.make_task(tmp_path / "pool", "calc", variant=variant)
+    directory = generated.make_task(tmp_path / "pool", "calc", variant=variant)
     scratch = tmp_path / "trials"
     scratch.mkdir()
     setup = TrialSetup(

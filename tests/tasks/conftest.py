@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from sandbox.bwrap import Bwrap
+from tasks.generated import make_task
 from tasks.images import TaskImage, build_image
 from tasks.spec import Task, load_task
-from tests.support.task_factory import make_task
 
 
 @pytest.fixture(scope="session")

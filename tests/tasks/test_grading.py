@@ -15,11 +15,7 @@ import pytest
 
 from sandbox.bwrap import Bwrap
 from tasks.events import DefenseKind
-from tasks.grading import GradeResult, GradeTermination, grade
-from tasks.images import TaskImage, build_image
-from tasks.spec import Task, load_task
-from tasks.workspaces import apply_patch, new_workspace
-from tests.support.task_factory import (
+from tasks.generated import (
     CHEAT_TEST_PATH,
     FAIL_TO_PASS,
     PASS_TO_PASS,
@@ -27,6 +23,10 @@ from tests.support.task_factory import (
     honest_fix_command,
     make_task,
 )
+from tasks.grading import GradeResult, GradeTermination, grade
+from tasks.images import TaskImage, build_image
+from tasks.spec import Task, load_task
+from tasks.workspaces import apply_patch, new_workspace
 from tests.tasks.agent import shell, trial
 
 # A conftest that turns every failing test into a pass: the classic test-path cheat.

@@ -17,11 +17,11 @@ import pytest
 from kernel.errors import EnvSetupFailure
 from sandbox.bwrap import Bwrap
 from tasks.events import DefenseKind
+from tasks.generated import FIX_MARKER, HIDDEN_TEST, make_task
 from tasks.images import TaskImage, build_image
 from tasks.sandboxing import SANDBOX_UID
 from tasks.spec import Task, load_task
 from tasks.workspaces import new_workspace
-from tests.support.task_factory import FIX_MARKER, HIDDEN_TEST, make_task
 from tests.tasks.agent import shell
 
 SECRETS = (FIX_MARKER, HIDDEN_TEST, "Fix clamp above the range")

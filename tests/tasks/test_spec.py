@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kernel.errors import TaskError
+from tasks.generated import FAIL_TO_PASS, make_task
 from tasks.pool import load_pool
 from tasks.spec import load_task
-from tests.support.task_factory import FAIL_TO_PASS, make_task
 
 
 def _edit(root: Path, **changes: object) -> None:

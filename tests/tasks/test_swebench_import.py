@@ -12,10 +12,10 @@ import pytest
 
 from kernel.errors import TaskError
 from sandbox.bwrap import Bwrap
+from tasks.generated import FAIL_TO_PASS, INSTRUCTION, PASS_TO_PASS, make_task
 from tasks.pool import load_pool
 from tasks.swebench_import import import_instances
 from tasks.validate import Verdict, validate_pool
-from tests.support.task_factory import FAIL_TO_PASS, INSTRUCTION, PASS_TO_PASS, make_task
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from sandbox.bwrap import Bwrap
+from tasks.generated import PASS_TO_PASS, make_task
 from tasks.pool import load_pool
 from tasks.validate import Validation, Verdict, valid_tasks, validate_pool
-from tests.support.task_factory import PASS_TO_PASS, make_task
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,7 @@
 """Generated coding tasks that are real: a git repository with a bug, a fix in its history.
 
+The sample pool the tests, ``bench.sandbox`` and a first ``lego-proxy rollout`` use.
+
 ``make_task(pool, task_id, variant=...)`` writes ``POOL/<task_id>/`` as ``tasks.spec``
 defines it. The repository (``repo/``) holds a small Python package, ``calc``, and its
 pytest tests. Its history, like a SWE-bench task's:
