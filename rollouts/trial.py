@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from tasks.grading import GradeResult, GradeTermination, grade
 from tasks.images import build_image
 from tasks.sandboxing import SANDBOX_GID, SANDBOX_UID, WORKSPACE_TARGET
 from tasks.spec import Task
+from tasks.swebench_rules import Rules, load_rules
 
 RUNTIME_TARGET = "/opt/lego/harness"
 HOME_TARGET = "/home/agent"
@@ -64,6 +65,9 @@ class TrialSetup:
     scratch_dir: Path  # per-trial directories live here while a trial runs
     runtime_dir: Path  # what ``make harness-install`` installed, on the host
     proxy: ProxyRoute  # where the runner reaches the proxy, and where the sandbox sees it
+    # SWE-bench's grading rules, loaded once per rollout: their first load patches
+    # ``sys.modules``, which concurrent trial threads must not race on.
+    rules: Rules = field(default_factory=load_rules)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +215,7 @@ def _stages(
 
     with watch.stage(Stage.VERIFICATION):
         try:
-            graded = grade(task, image, workspace, setup.grader_sandbox)
+            graded = grade(task, image, workspace, setup.grader_sandbox, rules=setup.rules)
         except (TaskError, SandboxError) as exc:
             return Ending(Termination.GRADER_ERROR, exc.message, events, agent)
     events = (*events, *graded.events)
