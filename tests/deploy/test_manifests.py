@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.k8s import k8s_errors
+
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 BASE = DEPLOY / "k8s" / "base"
 OVERLAY = DEPLOY / "k8s" / "overlays" / "production"
-K8S_VERSION = "1.33.0"
 
 
 def check_compose(path: Path) -> subprocess.CompletedProcess[str]:
@@ -39,17 +40,6 @@ def check_compose(path: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         check=False,
     )
-
-
-def k8s_errors(documents: list[dict[str, Any]]) -> list[str]:
-    kv = pytest.importorskip("kubernetes_validate")
-    errors = []
-    for doc in documents:
-        try:
-            kv.validate(doc, K8S_VERSION, strict=True)
-        except kv.ValidationError as exc:
-            errors.append(f"{doc.get('kind')}/{doc['metadata'].get('name')}: {exc.message}")
-    return errors
 
 
 def load_all(path: Path) -> list[dict[str, Any]]:

@@ -21,6 +21,12 @@ from tests.support.tcp_relay import TcpRelay
 TURNS = 12
 
 
+def call(rid: str) -> GenerateCall:
+    return GenerateCall(
+        input_ids=(1, 2, 3), sampling_params={"max_new_tokens": 4}, rid=rid, routing_key="s"
+    )
+
+
 @pytest.fixture(scope="module")
 def engine_port(tiny_model_dir: Path) -> Iterator[int]:
     with running_engine(EngineConfig(model_path=tiny_model_dir, zero_compute=True)) as url:
@@ -34,13 +40,7 @@ async def test_sequential_generates_share_one_connection(engine_port: int) -> No
         async with httpx.AsyncClient() as client:
             backend = SGLangBackend(client, [relay.url], None)
             for turn in range(TURNS):
-                call = GenerateCall(
-                    input_ids=(1, 2, 3),
-                    sampling_params={"max_new_tokens": 4},
-                    rid=f"r{turn}",
-                    routing_key="s",
-                )
-                items = [item async for item in backend.generate(call)]
+                items = [item async for item in backend.generate(call(f"r{turn}"))]
                 assert isinstance(items[-1], GenerationEnd)
         assert relay.accepted == 1
 
@@ -54,13 +54,7 @@ async def test_a_consumer_that_stops_at_the_end_still_returns_the_connection(
         async with httpx.AsyncClient() as client:
             backend = SGLangBackend(client, [relay.url], None)
             for turn in range(TURNS):
-                call = GenerateCall(
-                    input_ids=(1, 2, 3),
-                    sampling_params={"max_new_tokens": 4},
-                    rid=f"stop{turn}",
-                    routing_key="s",
-                )
-                stream = backend.generate(call)
+                stream = backend.generate(call(f"stop{turn}"))
                 async for item in stream:
                     if isinstance(item, GenerationEnd):
                         break

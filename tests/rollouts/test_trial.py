@@ -41,15 +41,11 @@ def runtime(root: Path, body: str) -> Path:
     return root
 
 
-def trial(tmp_path: Path, body: str, *, agent_timeout_s: float | None = None) -> TrialResult:
-    directory = generated.make_task(tmp_path / "pool", "calc")
-    if agent_timeout_s is not None:
-        spec = json.loads((directory / "task.json").read_text())
-        spec["agent_timeout_s"] = agent_timeout_s
-        (directory / "task.json").write_text(json.dumps(spec))
+def trial_setup(tmp_path: Path, body: str) -> TrialSetup:
+    """Real bwrap for both phases; the harness runtime is a script that runs ``body``."""
     scratch = tmp_path / "trials"
     scratch.mkdir()
-    setup = TrialSetup(
+    return TrialSetup(
         sandbox=Bwrap(runtime_dir=tmp_path / "sandboxes"),
         grader_sandbox=Bwrap(runtime_dir=tmp_path / "sandboxes"),
         cache_dir=tmp_path / "cache",
@@ -57,8 +53,17 @@ def trial(tmp_path: Path, body: str, *, agent_timeout_s: float | None = None) ->
         runtime_dir=runtime(tmp_path / "harness", body),
         proxy=proxy_route("127.0.0.1", free_port()),
     )
+
+
+def trial(tmp_path: Path, body: str, *, agent_timeout_s: float | None = None) -> TrialResult:
+    directory = generated.make_task(tmp_path / "pool", "calc")
+    if agent_timeout_s is not None:
+        spec = json.loads((directory / "task.json").read_text())
+        spec["agent_timeout_s"] = agent_timeout_s
+        (directory / "task.json").write_text(json.dumps(spec))
+    setup = trial_setup(tmp_path, body)
     result = run_trial(load_task(directory), "codex", ENDPOINT, setup, Stopwatch())
-    assert list(scratch.iterdir()) == []  # the trial's directories are gone
+    assert list(setup.scratch_dir.iterdir()) == []  # the trial's directories are gone
     return result
 
 
@@ -98,16 +103,7 @@ def test_an_image_that_cannot_be_built_is_an_env_setup_failure(
     tmp_path: Path, variant: str
 ) -> None:
     directory = generated.make_task(tmp_path / "pool", "calc", variant=variant)
-    scratch = tmp_path / "trials"
-    scratch.mkdir()
-    setup = TrialSetup(
-        sandbox=Bwrap(runtime_dir=tmp_path / "sandboxes"),
-        grader_sandbox=Bwrap(runtime_dir=tmp_path / "sandboxes"),
-        cache_dir=tmp_path / "cache",
-        scratch_dir=scratch,
-        runtime_dir=runtime(tmp_path / "harness", "echo never; exit 1"),
-        proxy=proxy_route("127.0.0.1", free_port()),
-    )
+    setup = trial_setup(tmp_path, "echo never; exit 1")
     result = run_trial(load_task(directory), "codex", ENDPOINT, setup)
     assert (result.termination, result.reward) == ("env_setup_failure", None)
     assert "libcalc-dev is not installed" in result.ending.detail

@@ -14,8 +14,8 @@ import yaml
 from kernel.errors import SandboxError
 from sandbox.k8s import Cluster, ProxyPeer, trial_manifests
 from sandbox.spec import Mount, Network, ProxyRoute, SandboxSpec, Workspace
+from tests.support.k8s import k8s_errors
 
-K8S_VERSION = "1.33.0"
 CLUSTER = Cluster(
     namespace="rollouts",
     image="registry.local/tasks/demo-1:v1",
@@ -44,25 +44,14 @@ def documents(spec: SandboxSpec, cluster: Cluster = CLUSTER) -> list[dict[str, A
     return [doc for doc in yaml.safe_load_all(trial_manifests(spec, ["codex", "exec"], cluster))]
 
 
-def errors(docs: list[dict[str, Any]]) -> list[str]:
-    kv = pytest.importorskip("kubernetes_validate")
-    found = []
-    for doc in docs:
-        try:
-            kv.validate(doc, K8S_VERSION, strict=True)
-        except kv.ValidationError as exc:
-            found.append(f"{doc['kind']}: {exc.message}")
-    return found
-
-
 def test_the_manifests_are_valid_kubernetes() -> None:
     docs = documents(AGENT)
     assert [doc["kind"] for doc in docs] == ["Pod", "NetworkPolicy"]
-    assert errors(docs) == []
+    assert k8s_errors(docs) == []
     broken = copy.deepcopy(docs)
     broken[0]["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] = "yes"
     broken[1]["spec"]["policyTypes"] = "Egress"
-    assert len(errors(broken)) == 2
+    assert len(k8s_errors(broken)) == 2
 
 
 def test_the_pod_is_locked_down() -> None:
@@ -114,7 +103,7 @@ def test_grading_pods_have_no_egress() -> None:
     docs = documents(grading)
     assert docs[1]["spec"]["egress"] == []
     assert docs[0]["metadata"]["labels"]["lego.network"] == "none"
-    assert errors(docs) == []
+    assert k8s_errors(docs) == []
 
 
 def test_a_read_only_mount_needs_an_image() -> None:
