@@ -24,15 +24,25 @@ def clean_env(**lego: str) -> dict[str, str]:
     return env
 
 
+# Started by libraries, not by us: ``ctypes.util.find_library`` runs ``ldconfig -p``, and
+# trio (imported through httpx2 -> httpcore2) calls it at import time. It lives a few
+# milliseconds, so a 20 ms poll sees it only now and then; counting it made the "nothing
+# started before the check failed" tests flaky without saying anything about the engine.
+LIBRARY_HELPERS = frozenset({"ldconfig", "ldconfig.real"})
+
+
 def children_of(pid: int) -> list[int]:
+    """The live children of ``pid``, less the short-lived helpers libraries run."""
     children = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             # "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'.
-            fields = stat.read_text().rpartition(")")[2].split()
+            head, _, tail = stat.read_text().rpartition(")")
         except OSError:
             continue  # the process exited while we looked
-        if int(fields[1]) == pid:
+        fields = tail.split()
+        comm = head.partition("(")[2]
+        if int(fields[1]) == pid and comm not in LIBRARY_HELPERS:
             children.append(int(stat.parent.name))
     return children
 
