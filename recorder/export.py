@@ -101,6 +101,7 @@ class AlignmentReport:
     metrics: Mapping[str, float | None]
     flagged: bool
     created_at: float
+    reasons: tuple[str, ...] = ()  # the trainer's, in words, when flagged
 
 
 class ExportStore:
@@ -272,6 +273,8 @@ class ExportStore:
             select(sessions.c.group_id)
             .where(sessions.c.run_id == run_id, sessions.c.group_id.not_in(taken))
             .where(~prompt_group.below_size(run_id))
+            # A group holding any validation session is never a training group.
+            .having(func.max(case((sessions.c.purpose != "train", 1), else_=0)) == 0)
             .group_by(sessions.c.group_id)
             .having(unfinished == 0)
             .order_by(func.min(sessions.c.created_at), sessions.c.group_id)
@@ -403,6 +406,7 @@ class ExportStore:
                     metrics=dict(report.metrics),
                     flagged=int(report.flagged),
                     created_at=report.created_at,
+                    reasons=list(report.reasons) or None,
                 )
             )
 
@@ -422,6 +426,7 @@ class ExportStore:
                     metrics=row.metrics,
                     flagged=bool(row.flagged),
                     created_at=row.created_at,
+                    reasons=tuple(str(reason) for reason in row.reasons or ()),
                 )
                 for row in rows
             ]

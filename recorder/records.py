@@ -181,6 +181,12 @@ class SessionSpec:
     sampling: dict[str, object] = field(default_factory=dict)
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
+    # PURPOSES: "train" samples are exported to trainers; "validation" ones never are.
+    purpose: str = "train"
+
+
+# Why a session was sampled (migration 0010); only "train" sessions are ever exported.
+PURPOSES = ("train", "validation")
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.sql.expression import false
+from sqlalchemy.sql.expression import false, text
 
 # Deterministic constraint names, so migrations can refer to them on every dialect.
 NAMING_CONVENTION = {
@@ -91,6 +91,8 @@ sessions = Table(
     # defenses' events as a list of {"kind", ...}; NULL when it reported none.
     Column("stages", JsonColumn, nullable=True),
     Column("defense_events", JsonColumn, nullable=True),
+    # recorder.records.PURPOSES (migration 0010): the export hands out "train" only.
+    Column("purpose", Text, nullable=False, server_default=text("'train'")),
     Index(None, "key", unique=True),
     Index(None, "run_id"),
 )
@@ -204,6 +206,7 @@ alignment_reports = Table(
     Column("metrics", JsonColumn, nullable=False),
     Column("flagged", Integer, nullable=False),
     Column("created_at", Double, nullable=False),
+    Column("reasons", JsonColumn, nullable=True),  # migration 0010: why it was flagged
 )
 
 # Backend workers a trainer took out of rotation after a failed weight sync (migration

@@ -29,6 +29,8 @@ class NewSession(_Body):
     sample_index: int
     group_size: int
     harness: str
+    purpose: str = "train"  # "validation": recorded and charted, never exported
+    sampling: dict[str, JsonValue] = {}  # pinned for every turn (e.g. the validation temperature)
 
 
 class Finish(_Body):

@@ -1,11 +1,11 @@
 """The packages stack one way: the import graph has no arrow from a lower layer up.
 
-    kernel  <-  recorder, engine  <-  proxy  <-  trainer_bridge  <-  cli
-    kernel  <-  sandbox  <-  tasks  <-  rollouts                 <-  cli
+    kernel  <-  recorder, engine  <-  proxy  <-  trainer_bridge  <-  loop  <-  cli
+    kernel  <-  sandbox  <-  tasks  <-  rollouts                 <-  loop  <-  cli
                                                   bench, tests (above everything)
 
 The rollout side talks to the proxy only over HTTP, so it imports nothing of the proxy,
-the recorder or the engine.
+the recorder or the engine; the loop drives both sides, and reaches the proxy over HTTP too.
 
 Every import statement in the tree is read (module level and inside functions), so a
 wrong-way import fails here whatever path it hides on. Two more rules keep the boundaries
@@ -32,6 +32,7 @@ PACKAGES = (
     "sandbox",
     "tasks",
     "rollouts",
+    "loop",
     "cli",
     "bench",
     "tests",
@@ -47,12 +48,13 @@ ALLOWED: dict[str, frozenset[str]] = {
     "sandbox": frozenset({"kernel"}),
     "tasks": frozenset({"kernel", "sandbox"}),
     "rollouts": frozenset({"kernel", "sandbox", "tasks"}),
+    "loop": frozenset({"kernel", "recorder", "trainer_bridge", "sandbox", "tasks", "rollouts"}),
     "cli": EVERYTHING - {"cli"},
     "bench": EVERYTHING,
     "tests": EVERYTHING,
 }
 # Only the recorder speaks SQL; these packages may not import it at all.
-NO_SQL = ("kernel", "engine", "proxy", "trainer_bridge", "sandbox", "tasks", "rollouts")
+NO_SQL = ("kernel", "engine", "proxy", "trainer_bridge", "sandbox", "tasks", "rollouts", "loop")
 SQL_MODULES = ("sqlalchemy", "recorder.schema")
 
 

@@ -21,6 +21,7 @@ it as a context manager).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
@@ -137,7 +138,13 @@ class ExportClient(JsonClient):
         return int(response.json()["index"])
 
     def post_alignment(
-        self, step: int, weight_version: str, metrics: dict[str, float | None], flagged: bool
+        self,
+        step: int,
+        weight_version: str,
+        metrics: dict[str, float | None],
+        flagged: bool,
+        reasons: Sequence[str] = (),
     ) -> None:
         body = {"step": step, "weight_version": weight_version, "metrics": metrics}
-        self.post(f"/api/v1/runs/{self.run_id}/alignment", {**body, "flagged": flagged})
+        extra = {"flagged": flagged, "reasons": list(reasons)}
+        self.post(f"/api/v1/runs/{self.run_id}/alignment", {**body, **extra})

@@ -55,6 +55,7 @@ from trainer_bridge.policy import (
 )
 from trainer_bridge.replay import RouterTrace
 from trainer_bridge.samples import Sample, samples_from_batch
+from trainer_bridge.series import batch_series
 from trainer_bridge.weights import WeightSync
 
 log = logging.getLogger("trainer_bridge")
@@ -227,12 +228,15 @@ def run(config: TrainConfig, export: ExportClient, weights: WeightSync) -> list[
         flagged = bool(reasons)
         # The metrics describe the policy the trainer recomputed with: the one before this
         # step's update.
-        metrics = {
+        metrics: dict[str, float | None] = {
             **outcome.alignment.as_dict(),
             "grad_norm": outcome.grad_norm,
             "mean_reward": outcome.mean_reward,
+            "kl": outcome.kl_loss,
+            "zero_variance_share": outcome.zero_variance_share,
+            **batch_series(samples),
         }
-        export.post_alignment(step, current_version, metrics, flagged)
+        export.post_alignment(step, current_version, metrics, flagged, reasons)
         for batch_id in batch_ids:
             try:
                 export.ack(batch_id)

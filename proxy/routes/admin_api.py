@@ -89,6 +89,7 @@ def session_json(session: SessionInfo, public_url: str) -> dict[str, object]:
         "sampling": spec.sampling,
         "max_prompt_tokens": spec.max_prompt_tokens,
         "max_output_tokens": spec.max_output_tokens,
+        "purpose": spec.purpose,
         "status": session.status.value,
         "termination": session.termination,
         "reward": session.reward,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Literal
 
 import orjson
 from fastapi import APIRouter, Request
@@ -102,6 +102,9 @@ class CreateSession(_Strict):
     sampling: SessionSampling = SessionSampling()
     max_prompt_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     max_output_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    # "validation": recorded and charted, never exported to a trainer (lego-proxy loop's
+    # held-out evaluations).
+    purpose: Literal["train", "validation"] = "train"
 
 
 def _reward(value: object) -> float | list[float] | None:
@@ -236,6 +239,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             sampling=body.sampling.model_dump(exclude_none=True),
             max_prompt_tokens=body.max_prompt_tokens,
             max_output_tokens=body.max_output_tokens,
+            purpose=body.purpose,
         )
         session = await state.store.create_session(spec, group_size=body.group_size)
         state.sessions.put(session)

@@ -125,6 +125,10 @@ class AlignmentBody(_Strict):
     weight_version: Name = Field(min_length=1, max_length=256)
     metrics: dict[Annotated[Name, Field(max_length=128)], _Metric | None] = Field(max_length=256)
     flagged: bool = False
+    # Why it was flagged, in words (shown in the Live UI); empty when it was not.
+    reasons: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list, max_length=32
+    )
 
 
 _WorkerUrl = Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://")]
@@ -267,6 +271,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
             metrics=body.metrics,
             flagged=body.flagged,
             created_at=time.time(),
+            reasons=tuple(body.reasons),
         )
         await state.exports.record_alignment(report)
         latest = (await state.exports.list_alignment(report.run_id))[-1]
@@ -417,5 +422,6 @@ def _alignment_json(report: AlignmentReport) -> dict[str, object]:
         "weight_version": report.weight_version,
         "metrics": dict(report.metrics),
         "flagged": report.flagged,
+        "reasons": list(report.reasons),
         "created_at": report.created_at,
     }

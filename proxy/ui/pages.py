@@ -6,7 +6,7 @@ import time); each method takes the frozen results of the recorder's read models
 rewards (a vector as ``[1.0, 0.0]``) and a trial's defense events' details (compact
 JSON) are formatted here, sampled token ids are turned into
 text here with the decoder the caller passes (the served tokenizer), charts come from
-``charts``, the collapse table from ``collapse``; nothing here touches the database.
+``charts``, the collapse table from ``kernel.trend``; nothing here touches the database.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
+from kernel.trend import Trend, trend
 from proxy.ui import charts
-from proxy.ui.collapse import Trend, trend
 from recorder.read_models.overview import NO_VERSION, Overview, VersionStats
 from recorder.read_models.session_view import SessionView
 from recorder.read_models.tables import TASK_SORTS, Page, RunRow, SessionRow, TaskRow

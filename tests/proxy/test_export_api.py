@@ -231,6 +231,19 @@ def test_alignment_reports_become_prometheus_gauges(proxy: Proxy) -> None:
     assert bad.status_code == 400
 
 
+def test_a_flagged_step_keeps_the_trainers_reasons(proxy: Proxy) -> None:
+    run = new_run(proxy)
+    path = f"/api/v1/runs/{run}/alignment"
+    why = ["pearson_r 0.91 < 0.99"]
+    body = {"step": 1, "weight_version": "v0", "metrics": {"pearson_r": 0.91}}
+    proxy.admin.post(path, json={**body, "flagged": True, "reasons": why}).raise_for_status()
+    proxy.admin.post(path, json={**body, "step": 2}).raise_for_status()
+    reports = proxy.admin.get(path).json()["reports"]
+    assert [(r["flagged"], r["reasons"]) for r in reports] == [(True, why), (False, [])]
+    too_long = proxy.admin.post(path, json={**body, "reasons": ["x" * 2000]})
+    assert too_long.status_code == 400
+
+
 def test_the_export_api_needs_the_admin_key(proxy: Proxy) -> None:
     run = new_run(proxy)
     response = httpx.post(f"{proxy.url}/api/v1/runs/{run}/claims", json={"groups": 1})

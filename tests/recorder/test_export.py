@@ -79,6 +79,24 @@ async def test_only_complete_groups_without_excluded_samples_are_delivered(
     assert (await exports.claim(run, 10, None, 600)).groups == ()
 
 
+async def test_validation_sessions_are_recorded_but_never_handed_to_a_trainer(
+    stores: tuple[Store, ExportStore],
+) -> None:
+    store, exports = stores
+    run = await new_run(store)
+    await add_group(store, run, "train", [("completed", 1.0), ("completed", 0.0)])
+    for index, reward in enumerate((1.0, 0.0)):
+        spec = SessionSpec(run, "held-out", "val", index, "h", purpose="validation")
+        session = await store.create_session(spec)
+        await store.finish_session(session.id, "completed", reward, None)
+        assert (await store.get_session(session.id)).spec.purpose == "validation"
+
+    claim = await exports.claim(run, 10, None, 600)
+
+    assert [g.group_id for g in claim.groups] == ["train"]
+    assert (await exports.claim(run, 10, None, 600)).groups == ()
+
+
 async def test_vector_rewards_count_variance_per_group(stores: tuple[Store, ExportStore]) -> None:
     store, exports = stores
     run = await new_run(store)

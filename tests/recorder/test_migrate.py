@@ -155,7 +155,7 @@ async def test_requests_stored_before_0005_stay_readable_and_downgrade_rebuilds_
         info = SessionInfo(uuid.uuid4().hex, "k-" + uuid.uuid4().hex, spec, SessionStatus.ACTIVE, 0)
         session = info.id
         async with store.engine.begin() as conn:  # the 0004 schema has no prompt groups
-            await conn.execute(insert(sessions).values(**session_values(info)))
+            await conn.execute(insert(sessions).values(**values_before_0010(info)))
         old = [
             dataclasses.replace(
                 make_turn(session, 0),
@@ -211,6 +211,13 @@ async def test_requests_stored_before_0005_stay_readable_and_downgrade_rebuilds_
     assert await schema_differences(database_url) == []
 
 
+def values_before_0010(info: SessionInfo) -> dict[str, object]:
+    """A new session's row as an earlier schema holds it: no ``purpose`` column yet."""
+    values = session_values(info)
+    del values["purpose"]
+    return values
+
+
 async def test_sessions_finished_before_0009_read_back_without_a_trial_report(
     database_url: str,
 ) -> None:
@@ -222,7 +229,7 @@ async def test_sessions_finished_before_0009_read_back_without_a_trial_report(
         spec = dataclasses.replace(spec, run_id=run.id)
         info = SessionInfo(uuid.uuid4().hex, "k-" + uuid.uuid4().hex, spec, SessionStatus.ACTIVE, 0)
         old = {
-            **session_values(info),
+            **values_before_0010(info),
             "status": SessionStatus.FINISHED.value,
             "termination": "completed",
             "reward": 1.0,
@@ -240,5 +247,6 @@ async def test_sessions_finished_before_0009_read_back_without_a_trial_report(
         got = await store.get_session(info.id)
         assert (got.reward, got.reward_details) == (1.0, {"tests": 3})
         assert (got.stages, got.defense_events) == (None, ())
+        assert got.spec.purpose == "train"  # what 0010 makes of every earlier session
     finally:
         await store.close()

@@ -1,4 +1,4 @@
-"""The collapse check: which logged series trend, and in which direction (LEGO-RL Table 8).
+"""The trend check: which logged series trend, and in which direction (LEGO-RL Table 8).
 
 Contract: ``trend(name, values)`` fits a least-squares line to ``values`` over their index
 (the logged steps or weight versions, in order; ``None`` entries are skipped but keep their

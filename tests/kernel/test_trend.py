@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from proxy.ui.collapse import trend
+from kernel.trend import trend
 from proxy.ui.pages import Pages, collapse_rows
 from recorder.read_models.overview import load_overview
 from recorder.store import Store
