@@ -5,6 +5,7 @@
     lego-proxy db upgrade                      bring the database to the current schema
     lego-proxy train ...                       trainer_bridge (lego-proxy train --help)
     lego-proxy demo [--keep]                   a guided scripted rollout on the embedded default
+    lego-proxy loop ...                        the closed loop (lego-proxy loop --help)
 
 Every failure the operator can fix is one line on stderr and a non-zero exit: invalid
 settings exit 2, a start-up check that fails (``cli.preflight``: the port, the database,
@@ -159,10 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_demo)
 
-    from cli import rollout_cmd, sandbox_cmd, tasks_cmd
+    from cli import loop_cmd, rollout_cmd, sandbox_cmd, tasks_cmd
 
     tasks_cmd.add_parser(commands)
     rollout_cmd.add_parser(commands)
+    loop_cmd.add_parser(commands)
     sandbox_cmd.add_parser(commands)
 
     # Listed for --help; main() hands everything after "train" to trainer_bridge's own parser.

@@ -89,7 +89,7 @@ def add_parser(commands: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _proxy(url: str) -> tuple[str, int]:
+def proxy_host_port(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ConfigurationError(f"--proxy-url {url!r}: expected http://HOST:PORT")
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigurationError(
             f"no harness CLIs in {harness_dir}: run `make harness-install` or pass --harness-dir"
         )
-    host, port = _proxy(args.proxy_url)
+    host, port = proxy_host_port(args.proxy_url)
     cache: Path = args.cache or args.tasks / ".cache"
     config = RolloutConfig(
         run_id=args.run_id,

@@ -181,12 +181,14 @@ class SessionSpec:
     sampling: dict[str, object] = field(default_factory=dict)
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
-    # PURPOSES: "train" samples are exported to trainers; "validation" ones never are.
+    # PURPOSES: "train" samples are exported to trainers; the others never are.
     purpose: str = "train"
 
 
 # Why a session was sampled (migration 0010); only "train" sessions are ever exported.
-PURPOSES = ("train", "validation")
+# "validation": a held-out evaluation every K steps; "check": the loop's validation run,
+# the few trials that must all grade before any training starts.
+PURPOSES = ("train", "validation", "check")
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,6 +92,23 @@ class ControlClient:
                 )
             cursor = next_cursor
 
+    def create_run(self, name: str) -> str:
+        """A new run's id (``name`` must be unused on the proxy)."""
+        answer = self._call("POST", "/api/v1/runs", json={"name": name})
+        run_id = answer.get("id")
+        if not isinstance(run_id, str):
+            raise ConfigurationError(f"{self._url} answered a run without an id")
+        return run_id
+
+    def alignment(self, run_id: str) -> list[dict[str, JsonValue]]:
+        """The trainer's per-step reports (step order): metrics, flagged, reasons."""
+        reports = self._call("GET", f"/api/v1/runs/{run_id}/alignment").get("reports")
+        return [r for r in reports if isinstance(r, dict)] if isinstance(reports, list) else []
+
+    def pause(self, run_id: str) -> None:
+        """Hold the run's new turns at the proxy (the loop's collapse action "pause")."""
+        self._call("POST", f"/api/v1/runs/{run_id}/pause", json={})
+
     def create_session(self, run_id: str, body: NewSession) -> SessionCreated:
         answer = self._call("POST", f"/api/v1/runs/{run_id}/sessions", json=body.model_dump())
         try:

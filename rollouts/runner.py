@@ -44,6 +44,10 @@ class RolloutConfig:
     group_size: int
     epochs: int = 1
     concurrency: int = 1
+    first_epoch: int = 0  # the loop runs one epoch at a time: e3 is its fourth pass
+    purpose: str = "train"  # recorder.records.PURPOSES: only "train" is ever exported
+    group_prefix: str = ""  # e.g. "val-s3." for the held-out evaluation after step 3
+    sampling: tuple[tuple[str, float], ...] = ()  # pinned per session (temperature, ...)
 
     def __post_init__(self) -> None:
         if self.harness not in HARNESSES:
@@ -58,10 +62,11 @@ class Job:
     task: Task
     epoch: int
     sample_index: int
+    prefix: str = ""
 
     @property
     def group_id(self) -> str:
-        return f"{self.task.id}.e{self.epoch}"
+        return f"{self.prefix}{self.task.id}.e{self.epoch}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +87,8 @@ class Finished:
 def jobs(tasks: Sequence[Task], config: RolloutConfig) -> list[Job]:
     """Epoch by epoch, task by task, every sample of a group next to each other."""
     return [
-        Job(task, epoch, index)
-        for epoch in range(config.epochs)
+        Job(task, epoch, index, config.group_prefix)
+        for epoch in range(config.first_epoch, config.first_epoch + config.epochs)
         for task in tasks
         for index in range(config.group_size)
     ]
@@ -156,6 +161,8 @@ def run_rollout(
             sample_index=job.sample_index,
             group_size=config.group_size,
             harness=config.harness,
+            purpose=config.purpose,
+            sampling=dict(config.sampling),
         )
         session = control.create_session(config.run_id, body)
         endpoint = Endpoint(session.key, session.openai_base_url, session.anthropic_base_url)

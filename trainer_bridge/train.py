@@ -25,9 +25,10 @@ rollout logprobs serve alignment only.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -74,12 +75,28 @@ class StepOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class StepTimes:
+    """Wall seconds of one step: waiting for groups, optimising, publishing the weights."""
+
+    claim_s: float
+    optimize_s: float
+    publish_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class StepReport:
     step: int
     batch_ids: tuple[str, ...]
     weight_version: str  # the version this step published
     outcome: StepOutcome
     flagged: bool
+    reasons: tuple[str, ...] = ()
+    times: StepTimes = StepTimes(0.0, 0.0, 0.0)
+    metrics: Mapping[str, float | None] = field(default_factory=dict)  # as posted
+
+
+# Called after each step with its report; False stops the run (the closed loop's early stop).
+AfterStep = Callable[[StepReport], bool]
 
 
 def _natural_rows(trace: RouterTrace, mb: MicroBatch) -> torch.Tensor | None:
@@ -152,7 +169,9 @@ def optimize(
     )
 
 
-def _claim(export: ExportClient, config: TrainConfig) -> tuple[list[str], list[Sample]] | None:
+def _claim(
+    export: ExportClient, config: TrainConfig, stop: threading.Event | None = None
+) -> tuple[list[str], list[Sample]] | None:
     """Claim until ``groups_per_step`` groups are held: ``(batch ids, samples)``.
 
     Groups complete one by one, so a full step usually takes several claims. When
@@ -172,7 +191,10 @@ def _claim(export: ExportClient, config: TrainConfig) -> tuple[list[str], list[S
             continue
         if deadline is not None and time.monotonic() >= deadline:
             break
-        time.sleep(config.poll_interval_s)
+        if stop is not None and stop.wait(config.poll_interval_s):
+            break  # the caller is done: train on what is held, or stop
+        if stop is None:
+            time.sleep(config.poll_interval_s)
     if not samples:
         for batch_id in batch_ids:
             export.ack(batch_id)  # nothing sampled in them: nothing to train, done with them
@@ -199,8 +221,15 @@ def _publish(
         export.resume()
 
 
-def run(config: TrainConfig, export: ExportClient, weights: WeightSync) -> list[StepReport]:
-    """Train for ``config.steps`` steps (fewer if data stops coming); one report per step."""
+def run(
+    config: TrainConfig,
+    export: ExportClient,
+    weights: WeightSync,
+    after_step: AfterStep | None = None,
+    stop: threading.Event | None = None,
+) -> list[StepReport]:
+    """Train for ``config.steps`` steps (fewer if data stops coming, ``after_step`` says
+    stop, or ``stop`` is set while waiting for groups); one report per step."""
     torch.manual_seed(config.seed)
     model = load_policy(config.model_path, config.dtype, config.device)
     optimizer = torch.optim.AdamW(
@@ -216,14 +245,20 @@ def run(config: TrainConfig, export: ExportClient, weights: WeightSync) -> list[
     current_version = "initial"
     reports: list[StepReport] = []
     for step in range(1, config.steps + 1):
-        claimed = _claim(export, config)
+        began = time.monotonic()
+        claimed = _claim(export, config, stop)
+        claimed_at = time.monotonic()
         if claimed is None:
             log.info("no batch within %s s; stopping after %d steps", config.max_wait_s, step - 1)
             break
         batch_ids, samples = claimed
         outcome = optimize(model, optimizer, reference, samples, config)
+        optimized_at = time.monotonic()
         version = f"{config.version_prefix}{step}"
         _publish(model, config, version, export, weights)
+        times = StepTimes(
+            claimed_at - began, optimized_at - claimed_at, time.monotonic() - optimized_at
+        )
         reasons = flag_reasons(outcome.alignment, thresholds)
         flagged = bool(reasons)
         # The metrics describe the policy the trainer recomputed with: the one before this
@@ -245,8 +280,14 @@ def run(config: TrainConfig, export: ExportClient, weights: WeightSync) -> list[
                 # step's update stands, the duplicate is theirs to drop. Logged, not fatal.
                 log.warning("batch %s acked after its lease expired", batch_id)
         current_version = version
-        reports.append(StepReport(step, tuple(batch_ids), version, outcome, flagged))
+        report = StepReport(
+            step, tuple(batch_ids), version, outcome, flagged, tuple(reasons), times, metrics
+        )
+        reports.append(report)
         log.info("%s", progress_line(step, config.steps, outcome, version, reasons))
+        if after_step is not None and not after_step(report):
+            log.info("stopped after step %d by the caller", step)
+            break
     return reports
 
 

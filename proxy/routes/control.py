@@ -102,9 +102,9 @@ class CreateSession(_Strict):
     sampling: SessionSampling = SessionSampling()
     max_prompt_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     max_output_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    # "validation": recorded and charted, never exported to a trainer (lego-proxy loop's
-    # held-out evaluations).
-    purpose: Literal["train", "validation"] = "train"
+    # recorder.records.PURPOSES: anything but "train" is recorded and charted but never
+    # exported to a trainer (lego-proxy loop's held-out evaluations and validation run).
+    purpose: Literal["train", "validation", "check"] = "train"
 
 
 def _reward(value: object) -> float | list[float] | None:

@@ -11,7 +11,8 @@ Errors use the control API's envelope (``{"error": {"message", "type", "param", 
     POST /api/v1/runs/{run_id}/claims?format=json|b64v1|binv1
          {"groups", "max_staleness", "lease_s"}                    -> batch
     POST /api/v1/batches/{batch_id}/ack                            -> {batch_id, acked}
-    POST /api/v1/runs/{run_id}/alignment  {"step", "weight_version", "metrics", "flagged"}
+    POST /api/v1/runs/{run_id}/alignment  {"step", "weight_version", "metrics", "flagged",
+                                           "reasons"}
     GET  /api/v1/runs/{run_id}/alignment                           -> {"reports": [...]}
     POST /api/v1/workers/exclusions  {"exclude": {url: why}, "include": [url]}
     GET  /api/v1/workers/exclusions                                -> {"excluded": {url: why}}
