@@ -27,6 +27,7 @@ harness-install:  ## the four real harness CLIs, pinned, into ~/.cache/lego-prox
 test-harness: install harness-install  ## Claude Code, OpenCode, Codex, OpenHands end to end (CI's last stage)
 	$(PY) -m pytest -q -rs -m harness tests/harness
 	$(PY) -m pytest -q -rs -rP -m harness tests/rollouts  # -rP: each harness's scenario table and Table 4
+	$(PY) -m pytest -q -rs -rP -m harness tests/loop  # -rP: the closed loop's report, phase by phase
 
 lint:  ## ruff, lint and format, over everything
 	ruff check . && ruff format --check .

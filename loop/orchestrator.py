@@ -168,7 +168,7 @@ class LoopResult:
             )
         for task_id, why in self.selection.set_aside().items():
             lines.append(f"set aside: {task_id} ({why})")
-        lines.append(f"{self.trials} trial(s); wall time by phase:")
+        lines.append(f"{self.trials} training trial(s); wall time by phase:")
         lines += self.phases.lines()
         return "\n".join(lines)
 
@@ -348,6 +348,7 @@ def _rollouts(
         done = run_rollout(parts.control, tasks, rollout, parts.trial, parts.progress)
         phases.rollouts += time.monotonic() - at
         outcomes = group_outcomes(done)
+        before = state.selection.set_aside()
         with state.lock:
             state.selection = state.selection.with_groups(outcomes)
             state.trials += len(done)
@@ -359,7 +360,8 @@ def _rollouts(
             f"{'-' if share is None else f'{share:.0%}'}"
         )
         for task_id, why in state.selection.set_aside().items():
-            parts.progress(f"set aside {task_id}: {why}")
+            if task_id not in before:
+                parts.progress(f"set aside {task_id}: {why}")
         epoch += 1
 
 
