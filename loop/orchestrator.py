@@ -242,6 +242,9 @@ def run_loop(config: LoopConfig, parts: LoopParts) -> LoopResult:
             stop.set()
 
     def after_step(step: StepSeen) -> bool:
+        last = step.step >= config.steps
+        if last:
+            stop.set()  # before the rollouts hear of this step: no epoch nobody trains on
         with state.lock:
             state.steps.append(step)
             phases.train_wait += step.claim_s
@@ -264,9 +267,8 @@ def run_loop(config: LoopConfig, parts: LoopParts) -> LoopResult:
                 state.end(f"collapse: {what}")
             stop.set()
             return False
-        if step.step >= config.steps:
+        if last:
             state.end(f"{config.steps} trainer step(s) done")
-            stop.set()
             return False
         return not stop.is_set()
 
