@@ -18,13 +18,9 @@ Contract:
   share of sessions or a mean per session (weight 1 each), or, for the malformed-call
   share, a ratio of pooled counts (malformed blocks over all tool calls).
 - The thirds are ``n // 3`` sessions each (none when fewer than three were read).
-- pass@k and pass^k count prompt groups of graded sessions with a scalar reward; a
-  sample passes with a reward above zero. ``k`` defaults to the most common group size of
-  the whole read (the largest on a tie); groups with fewer than ``k`` samples are left
-  out (``left_out``). A group of ``n >= k`` samples, ``c`` passing, counts ``1 -
-  C(n-c, k) / C(n, k)`` towards pass@k (Chen et al. 2021's unbiased estimator; 0 or 1
-  when ``k == n``) and ``C(c, k) / C(n, k)`` towards pass^k (the chance that ``k``
-  samples drawn without replacement all pass); each is the mean over groups.
+- pass@k and pass^k (``recorder.read_models.pass_k``) count each slice's prompt groups;
+  ``k`` defaults to the most common group size of the whole read, so the thirds are
+  compared at the same k.
 """
 
 from __future__ import annotations
@@ -33,9 +29,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from math import comb
 
 from recorder.read_models.harness_tools import VOCABULARIES, Vocabulary, exit_status, tool_use
+from recorder.read_models.pass_k import PassK, group_size, passes
 from recorder.read_models.shell_commands import EXPLORING, Action, ActionKind, same_file
 from recorder.read_models.traces import SESSION_LIMIT, SessionTrace, TracedRun, load_traces
 from recorder.store import Store
@@ -147,15 +143,6 @@ class IndicatorValue:
     sessions: int  # measured (the denominator's sessions)
     not_applicable: int  # understood, nothing to measure
     not_understood: int  # a harness whose tools the indicator does not understand
-
-
-@dataclass(frozen=True, slots=True)
-class PassK:
-    k: int | None
-    groups: int  # groups with at least k graded samples
-    left_out: int  # groups with fewer
-    pass_at_k: float | None
-    pass_hat_k: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,50 +304,6 @@ def measure(trace: SessionTrace) -> SessionBehaviour:
 # -- a run --------------------------------------------------------------------------------------
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The chance that at least one of ``k`` of ``n`` samples (``c`` passing) passes."""
-    if not 0 < k <= n or not 0 <= c <= n:
-        raise ValueError(f"pass@k needs 0 < k <= n and 0 <= c <= n, got {n=}, {c=}, {k=}")
-    return 1.0 - comb(n - c, k) / comb(n, k)
-
-
-def pass_hat_k(n: int, c: int, k: int) -> float:
-    """The chance that all of ``k`` of ``n`` samples (``c`` passing) pass."""
-    if not 0 < k <= n or not 0 <= c <= n:
-        raise ValueError(f"pass^k needs 0 < k <= n and 0 <= c <= n, got {n=}, {c=}, {k=}")
-    return comb(c, k) / comb(n, k)
-
-
-def _groups(sessions: Sequence[SessionBehaviour]) -> dict[str, tuple[int, int]]:
-    """group id -> (graded samples with a scalar reward, passing samples)."""
-    counts: dict[str, tuple[int, int]] = {}
-    for s in sessions:
-        if s.reward is not None:
-            n, c = counts.get(s.group_id, (0, 0))
-            counts[s.group_id] = (n + 1, c + (s.reward > 0))
-    return counts
-
-
-def group_size(sessions: Sequence[SessionBehaviour]) -> int | None:
-    """The most common group size (the largest of the most common); None without groups."""
-    sizes = Counter(n for n, _ in _groups(sessions).values())
-    if not sizes:
-        return None
-    return max(sizes, key=lambda size: (sizes[size], size))
-
-
-def passes(sessions: Sequence[SessionBehaviour], k: int | None) -> PassK:
-    groups = _groups(sessions)
-    if k is None:
-        return PassK(None, 0, len(groups), None, None)
-    counted = [(n, c) for n, c in groups.values() if n >= k]
-    if not counted:
-        return PassK(k, 0, len(groups), None, None)
-    at_k = sum(pass_at_k(n, c, k) for n, c in counted) / len(counted)
-    hat_k = sum(pass_hat_k(n, c, k) for n, c in counted) / len(counted)
-    return PassK(k, len(counted), len(groups) - len(counted), at_k, hat_k)
-
-
 def aggregate(indicator: Indicator, sessions: Sequence[SessionBehaviour]) -> IndicatorValue:
     measured: list[Sample] = []
     not_applicable = not_understood = 0
@@ -386,14 +329,14 @@ def slice_of(name: str, sessions: Sequence[SessionBehaviour], k: int | None) -> 
         until=sessions[-1].created_at if sessions else None,
         harnesses=dict(sorted(Counter(s.harness for s in sessions).items())),
         indicators={i.key: aggregate(i, sessions) for i in INDICATORS},
-        passes=passes(sessions, k),
+        passes=passes([(s.group_id, s.reward) for s in sessions], k),
     )
 
 
 def behaviour_of(run: TracedRun[SessionBehaviour], k: int | None = None) -> Behaviour:
     """``run.items`` oldest first; ``k`` None: the most common group size."""
     ordered = sorted(run.items, key=lambda s: (s.created_at, s.id))
-    chosen = k if k is not None else group_size(ordered)
+    chosen = k if k is not None else group_size([(s.group_id, s.reward) for s in ordered])
     third = len(ordered) // 3
     return Behaviour(
         run_id=run.run_id,

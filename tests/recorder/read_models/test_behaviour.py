@@ -18,13 +18,10 @@ from recorder.read_models.behaviour import (
     INDICATORS,
     SessionBehaviour,
     behaviour_of,
-    group_size,
     load_behaviour,
     measure,
-    pass_at_k,
-    pass_hat_k,
-    passes,
 )
+from recorder.read_models.pass_k import PassK
 from recorder.read_models.traces import (
     SessionTrace,
     TracedCall,
@@ -278,48 +275,30 @@ def test_the_first_third_and_the_last_third_are_split_by_creation_time() -> None
     assert behaviour_of(run(made[:2])).first.sessions == 0  # fewer than three: no thirds
 
 
-def test_pass_at_k_and_pass_hat_k_by_hand() -> None:
-    assert pass_at_k(4, 1, 4) == 1.0
-    assert pass_at_k(4, 0, 4) == 0.0
-    assert pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)  # 1 - C(3,3)/C(5,3)
-    assert pass_hat_k(5, 2, 3) == 0.0  # C(2,3) = 0
-    assert pass_hat_k(5, 4, 3) == pytest.approx(4 / 10)  # C(4,3)/C(5,3)
-    assert pass_hat_k(4, 4, 4) == 1.0
-    with pytest.raises(ValueError, match="k <= n"):
-        pass_at_k(2, 1, 3)
-
-
 def group(name: str, rewards: list[float | None]) -> list[SessionBehaviour]:
     return [measure(trace("codex", DONE, reward=r, group=name)) for r in rewards]
 
 
-def test_pass_at_k_over_prompt_groups_with_k_the_group_size_or_asked() -> None:
-    sessions = [
-        *group("one-solved", [1.0, 0.0, 0.0, 0.0]),
-        *group("all-solved", [1.0, 0.5, 1.0, 1.0]),  # a reward above zero passes
-        *group("none-solved", [0.0, 0.0, 0.0, 0.0]),
-        *group("pair", [1.0, 1.0, None]),  # the ungraded sample does not count
+def test_pass_at_k_is_per_slice_with_k_the_group_size_of_the_whole_read() -> None:
+    # Early groups of four (few solved), a vector reward, then pairs that are all solved.
+    early = [
+        *group("e1", [1.0, 0.0, 0.0, 0.0]),
+        *group("e2", [0.0, 0.0, 0.0, 1.0]),
+        *group("e3", [0.0, 0.0, 0.0, 0.0]),
     ]
-    assert group_size(sessions) == 4
-    by_size = passes(sessions, 4)
-    assert (by_size.k, by_size.groups, by_size.left_out) == (4, 3, 1)
-    assert by_size.pass_at_k == pytest.approx(2 / 3)
-    assert by_size.pass_hat_k == pytest.approx(1 / 3)
-    asked = passes(sessions, 2)
-    assert (asked.groups, asked.left_out) == (4, 0)
-    # one-solved: 1 - C(3,2)/C(4,2) = 1/2; all: 1; none: 0; pair: 1.
-    assert asked.pass_at_k == pytest.approx((0.5 + 1 + 0 + 1) / 4)
-    # one-solved: C(1,2)/C(4,2) = 0; all: 1; none: 0; pair: 1.
-    assert asked.pass_hat_k == pytest.approx((0 + 1 + 0 + 1) / 4)
-    assert behaviour_of(run(sessions)).all.passes == by_size
-    assert behaviour_of(run(sessions), k=2).all.passes == asked
-    none = passes(group("vectors", [None, None]), None)
-    assert (none.groups, none.pass_at_k) == (0, None)
-
-
-def test_a_tie_of_group_sizes_takes_the_larger() -> None:
-    sessions = [*group("two", [1.0, 0.0]), *group("three", [1.0, 0.0, 0.0])]
-    assert group_size(sessions) == 3
+    late = [*group("v", [None]), *group("l1", [1.0, 1.0]), *group("l2", [1.0, 1.0])]
+    made = [dataclasses.replace(s, created_at=float(i)) for i, s in enumerate(early + late)]
+    behaviour = behaviour_of(run(made))  # thirds of five: e1 + e2's first; v, l1, l2
+    assert behaviour.all.passes.k == 4  # three groups of four, two pairs
+    # e1 counts (pass@4 1, pass^4 0), e2's one sample is left out; the pairs are too small.
+    assert behaviour.first.passes == PassK(4, 1, 1, 1.0, 0.0)
+    assert behaviour.last.passes == PassK(4, 0, 2, None, None)
+    asked = behaviour_of(run(made), k=2)
+    assert asked.last.passes == PassK(2, 2, 0, 1.0, 1.0)
+    # e1, e2: 1 - C(3,2)/C(4,2) = 1/2 each; e3: 0; the pairs: 1 each.
+    assert asked.all.passes.pass_at_k == pytest.approx((0.5 + 0.5 + 0 + 2) / 5)
+    # e1, e2: C(1,2)/C(4,2) = 0; e3: 0; the pairs: 1 each.
+    assert asked.all.passes.pass_hat_k == pytest.approx(2 / 5)
 
 
 # -- read from a recorded run -----------------------------------------------------------------
