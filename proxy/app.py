@@ -42,7 +42,7 @@ from proxy.metrics import Metrics
 from proxy.openapi import describe
 from proxy.pipeline import Pipeline
 from proxy.readiness import check_readiness
-from proxy.routes import control, export, inference, ui
+from proxy.routes import behaviour, control, export, inference, ui
 from proxy.routes.auth import is_admin
 from proxy.served_template import served_template
 from proxy.sessions import SessionCache
@@ -230,6 +230,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(inference.build_router(chat_adapter, messages_adapter, responses_adapter))
     app.include_router(control.build_router(settings, chat_adapter.error_response))
     app.include_router(export.build_router(settings, chat_adapter.error_response))
+    app.include_router(behaviour.build_router(settings, chat_adapter.error_response))
     app.include_router(ui.build_router(settings))
     describe(app)
 

@@ -14,6 +14,7 @@ only; inline style attributes, which the pages use for colours, are allowed). Er
     GET  /ui/runs/{run_id}                   overview + collapse check
     GET  /ui/runs/{run_id}/tasks?sort&page   per-task solve rate, first vs latest version
     GET  /ui/runs/{run_id}/sessions?page     sessions
+    GET  /ui/runs/{run_id}/behaviour?k       agent behaviour, first vs last third (Table 9)
     GET  /ui/sessions/{session_id}           the session's tree of turns
     GET  /ui/static/{name}                   CSS and JS (no authentication)
     GET|POST /ui/login, POST /ui/logout
@@ -36,11 +37,14 @@ from transformers import PreTrainedTokenizerBase
 from kernel.errors import InvalidRequest, LegoError, NotFound, Overloaded
 from kernel.paths import default_model_dir
 from proxy.render import load_tokenizer
+from proxy.routes.admin_api import query_int
 from proxy.routes.auth import require_admin
+from proxy.routes.behaviour import MAX_K
 from proxy.routes.ui_login import LoginGuard
 from proxy.settings import Settings
 from proxy.state import AppState
 from proxy.ui.pages import Pages
+from recorder.read_models.behaviour import load_behaviour
 from recorder.read_models.overview import load_overview
 from recorder.read_models.session_view import load_session
 from recorder.read_models.tables import load_runs, load_sessions, load_tasks
@@ -146,6 +150,12 @@ def build_router(settings: Settings) -> APIRouter:
         rows = await load_sessions(state.store, run_id, _page_number(request))
         return pages.sessions(run_id, rows)
 
+    async def behaviour_page(state: AppState, request: Request) -> str:
+        raw = request.query_params.get("k") or None
+        k = None if raw is None else query_int(raw, "k", default=1, low=1, high=MAX_K)
+        view = await load_behaviour(state.store, request.path_params["run_id"], k)
+        return pages.behaviour(view, asked_k=k is not None)
+
     async def session_page(state: AppState, request: Request) -> str:
         view = await load_session(state.store, request.path_params["session_id"])
         return pages.session(view, await tokens.decoder())
@@ -198,6 +208,7 @@ def build_router(settings: Settings) -> APIRouter:
     router.add_api_route("/runs/{run_id}", page(overview_page), methods=["GET"])
     router.add_api_route("/runs/{run_id}/tasks", page(tasks_page), methods=["GET"])
     router.add_api_route("/runs/{run_id}/sessions", page(sessions_page), methods=["GET"])
+    router.add_api_route("/runs/{run_id}/behaviour", page(behaviour_page), methods=["GET"])
     router.add_api_route("/sessions/{session_id}", page(session_page), methods=["GET"])
     router.add_api_route("/login", login_form, methods=["GET"])
     router.add_api_route("/login", login, methods=["POST"])

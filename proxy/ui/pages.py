@@ -21,6 +21,7 @@ from markupsafe import Markup
 
 from kernel.trend import Trend, trend
 from proxy.ui import charts
+from recorder.read_models.behaviour import Behaviour
 from recorder.read_models.overview import NO_VERSION, Overview, VersionStats
 from recorder.read_models.session_view import SessionView
 from recorder.read_models.tables import TASK_SORTS, Page, RunRow, SessionRow, TaskRow
@@ -179,6 +180,9 @@ class Pages:
 
     def sessions(self, run_id: str, page: Page[SessionRow]) -> str:
         return self._render("sessions.html", run_id=run_id, page=page, live=True)
+
+    def behaviour(self, view: Behaviour, asked_k: bool) -> str:
+        return self._render("behaviour.html", view=view, run_id=view.run_id, asked_k=asked_k)
 
     def session(self, view: SessionView, token_text: Callable[[int], str]) -> str:
         """``token_text`` decodes one sampled id; it is only called for the tokens shown."""
