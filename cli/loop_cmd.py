@@ -45,6 +45,20 @@ def _positive(value: str) -> int:
     return number
 
 
+def _not_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {number}")
+    return number
+
+
+def _temperature(value: str) -> float:
+    number = float(value)
+    if not 0.0 <= number <= 2.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2, not {number}")
+    return number
+
+
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "loop",
@@ -64,13 +78,18 @@ def add_parser(commands: Any) -> None:
     work.add_argument("--sandbox-image", default=None, help="podman/docker: the trial image")
     work.add_argument("--harness-dir", type=Path, default=None, help="the installed CLIs")
     work.add_argument(
-        "--check-trials", type=int, default=2, help="trials of the validation run (0: none)"
+        "--check-trials",
+        type=_not_negative,
+        default=2,
+        help="trials of the validation run (0: none)",
     )
     train = parser.add_argument_group("training")
     train.add_argument("--steps", required=True, type=_positive, help="trainer steps")
     train.add_argument("--validate-every", type=_positive, default=None, help="K steps")
-    train.add_argument("--validation-temperature", type=float, default=0.7)
-    train.add_argument("--max-staleness", type=int, default=1, help="epochs ahead of the trainer")
+    train.add_argument("--validation-temperature", type=_temperature, default=0.7)
+    train.add_argument(
+        "--max-staleness", type=_not_negative, default=1, help="epochs ahead of the trainer"
+    )
     train.add_argument(
         "--set-aside-after",
         type=_positive,

@@ -249,7 +249,12 @@ def run(
         claimed = _claim(export, config, stop)
         claimed_at = time.monotonic()
         if claimed is None:
-            log.info("no batch within %s s; stopping after %d steps", config.max_wait_s, step - 1)
+            if stop is not None and stop.is_set():
+                log.info("stopped while waiting for groups, after %d steps", step - 1)
+            else:
+                log.info(
+                    "no batch within %s s; stopping after %d steps", config.max_wait_s, step - 1
+                )
             break
         batch_ids, samples = claimed
         outcome = optimize(model, optimizer, reference, samples, config)
