@@ -14,6 +14,8 @@ def session_view(reward: float | tuple[float, ...] | None) -> SessionView:
     turn = TurnView(
         id="t0",
         seq=0,
+        number=1,
+        parent_number=None,
         depth=0,
         parent_turn_id=None,
         classification="root",
