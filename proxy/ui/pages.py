@@ -35,7 +35,6 @@ from recorder.read_models.overview import NO_VERSION, Overview, VersionStats
 from recorder.read_models.session_view import SessionView
 from recorder.read_models.steps import TOTAL, Steps, StepTrials
 from recorder.read_models.tables import (
-    SESSION_SORTS,
     TASK_SORTS,
     Page,
     RunRow,
@@ -248,10 +247,11 @@ class Pages:
         bins = epochs.bins()
         labels = [f"{k}/{n}" for k, n in bins]
         names = [epoch_name(e.epoch) for e in epochs.epochs]
+        per_epoch = zip(names, epochs.epochs, strict=True)
         histogram = charts.grouped_bars(
             "prompt groups by successes k of N graded samples, per epoch",
             labels,
-            {epoch_name(e.epoch): [e.histogram.get(b, 0) for b in bins] for e in epochs.epochs},
+            {name: [e.histogram.get(b, 0) for b in bins] for name, e in per_epoch},
             x_title="successes k / N in the group",
         )
         zero_variance = charts.line_chart(
@@ -298,7 +298,6 @@ class Pages:
             live=True,
             query=query,
             choices=choices or SessionChoices((), (), ()),
-            sorts=SESSION_SORTS,
             excluded_terminations=EXCLUDED_TERMINATIONS,
             extra_query="&" + query.link(page=None)[1:],
         )
