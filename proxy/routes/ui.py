@@ -11,9 +11,11 @@ only; inline style attributes, which the pages use for colours, are allowed). Er
 (unknown run, bad page) render as an HTML page with the error's status.
 
     GET  /ui                                 runs
-    GET  /ui/runs/{run_id}                   overview + collapse check
+    GET  /ui/runs/{run_id}                   overview: training curves, flagged steps, collapse
+    GET  /ui/runs/{run_id}/steps             stage times and terminations per trainer step
+    GET  /ui/runs/{run_id}/epochs            success histogram and zero-variance share per epoch
     GET  /ui/runs/{run_id}/tasks?sort&page   per-task solve rate, first vs latest version
-    GET  /ui/runs/{run_id}/sessions?page     sessions
+    GET  /ui/runs/{run_id}/sessions?...      sessions, filtered and sorted (proxy.ui.queries)
     GET  /ui/runs/{run_id}/behaviour?k       agent behaviour, first vs last third (Table 9)
     GET  /ui/sessions/{session_id}           the session's tree of turns
     GET  /ui/static/{name}                   CSS and JS (no authentication)
@@ -44,10 +46,18 @@ from proxy.routes.ui_login import LoginGuard
 from proxy.settings import Settings
 from proxy.state import AppState
 from proxy.ui.pages import Pages
+from proxy.ui.queries import SessionsQuery
 from recorder.read_models.behaviour import load_behaviour
+from recorder.read_models.epochs import load_epochs
 from recorder.read_models.overview import load_overview
 from recorder.read_models.session_view import load_session
-from recorder.read_models.tables import load_runs, load_sessions, load_tasks
+from recorder.read_models.steps import load_steps
+from recorder.read_models.tables import (
+    load_runs,
+    load_session_choices,
+    load_sessions,
+    load_tasks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +155,20 @@ def build_router(settings: Settings) -> APIRouter:
         rows = await load_tasks(state.store, run_id, sort, _page_number(request))
         return pages.tasks(run_id, rows, sort)
 
+    async def steps_page(state: AppState, request: Request) -> str:
+        return pages.steps(await load_steps(state.store, request.path_params["run_id"]))
+
+    async def epochs_page(state: AppState, request: Request) -> str:
+        return pages.epochs(await load_epochs(state.store, request.path_params["run_id"]))
+
     async def sessions_page(state: AppState, request: Request) -> str:
         run_id = request.path_params["run_id"]
-        rows = await load_sessions(state.store, run_id, _page_number(request))
-        return pages.sessions(run_id, rows)
+        query = SessionsQuery.parse(dict(request.query_params))
+        rows = await load_sessions(
+            state.store, run_id, query.page, wanted=query.wanted(), sort=query.order
+        )
+        choices = await load_session_choices(state.store, run_id)
+        return pages.sessions(run_id, rows, query, choices)
 
     async def behaviour_page(state: AppState, request: Request) -> str:
         raw = request.query_params.get("k") or None
@@ -206,6 +226,8 @@ def build_router(settings: Settings) -> APIRouter:
     router.add_api_route("", page(runs_page), methods=["GET"])
     router.add_api_route("/", page(runs_page), methods=["GET"])
     router.add_api_route("/runs/{run_id}", page(overview_page), methods=["GET"])
+    router.add_api_route("/runs/{run_id}/steps", page(steps_page), methods=["GET"])
+    router.add_api_route("/runs/{run_id}/epochs", page(epochs_page), methods=["GET"])
     router.add_api_route("/runs/{run_id}/tasks", page(tasks_page), methods=["GET"])
     router.add_api_route("/runs/{run_id}/sessions", page(sessions_page), methods=["GET"])
     router.add_api_route("/runs/{run_id}/behaviour", page(behaviour_page), methods=["GET"])

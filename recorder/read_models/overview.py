@@ -1,13 +1,17 @@
 """The run overview's numbers, aggregated in SQL with a fixed number of statements.
 
 Contract: ``load_overview(store, run_id)`` raises ``NotFound`` for an unknown run and
-otherwise returns an ``Overview``: per weight version (in policy order) the sessions by
+otherwise returns an ``Overview``. Its per-version numbers count training sessions only
+(``purpose`` ``train``): per weight version (in policy order) the sessions by
 termination reason, mean reward and solve rate over sessions that count for training,
 turns per trajectory, response length (sampled tokens per trajectory), malformed tool
 calls per turn, and the share of zero-variance prompt groups (all failed: 0/N, all
 solved: N/N; groups of two or more graded samples, attributed to the version of their
-earliest sample); plus the trainer's alignment reports by step. The statement count does
-not depend on the run's size, so a 1,000-session run costs what a 10-session run does.
+earliest sample). Validation sessions (held-out evaluations of the closed loop) count
+apart: ``validation`` holds, per version they were sampled at, their number and mean
+reward, which is the validation curve. Then the trainer's alignment reports by step,
+with the reasons it gave for a flagged one. The statement count does not depend on the
+run's size, so a 1,000-session run costs what a 10-session run does.
 
 The aggregates are scalar-only: a vector reward (``reward_vector``) has no mean with the
 scalars and no threshold to solve, so such a session counts as graded (it is in the
@@ -17,7 +21,6 @@ its group's zero-variance count. The session pages show the vector itself.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -25,8 +28,14 @@ from sqlalchemy import Subquery, and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from kernel.errors import NotFound
-from recorder.read_models.facts import session_facts, version_order
-from recorder.schema import alignment_reports, runs
+from recorder.read_models.facts import (
+    TRAIN,
+    VALIDATION,
+    session_facts,
+    termination_counts,
+    version_order,
+)
+from recorder.schema import alignment_reports, runs, sessions
 from recorder.store import Store
 
 NO_VERSION = "(no turns)"
@@ -56,22 +65,45 @@ class VersionStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ValidationStats:
+    version: str
+    sessions: int
+    graded: int
+    mean_reward: float | None  # over graded sessions with a scalar reward
+    solve_rate: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class AlignmentPoint:
     step: int
     weight_version: str
     metrics: Mapping[str, float | None]
     flagged: bool
+    reasons: tuple[str, ...] = ()  # the trainer's, in words, when flagged
 
 
 @dataclass(frozen=True, slots=True)
 class Overview:
     run_id: str
     run_name: str
-    sessions: int
+    sessions: int  # every session of the run, validation included
     active: int
-    versions: tuple[VersionStats, ...]
+    versions: tuple[VersionStats, ...]  # training sessions only
     alignment: tuple[AlignmentPoint, ...]
     termination_reasons: tuple[str, ...]
+    validation: tuple[ValidationStats, ...] = ()
+    order: tuple[str, ...] = ()  # the run's weight versions in policy order
+
+    @property
+    def validation_sessions(self) -> int:
+        return sum(v.sessions for v in self.validation)
+
+    def curve_versions(self) -> list[str]:
+        """The versions a training curve runs over: those with training or validation
+        sessions, in policy order (sessions without turns last)."""
+        seen = {v.version for v in self.versions} | {v.version for v in self.validation}
+        ordered = [v for v in self.order if v in seen]
+        return ordered + sorted(seen - set(ordered))
 
 
 async def load_overview(store: Store, run_id: str) -> Overview:
@@ -80,11 +112,16 @@ async def load_overview(store: Store, run_id: str) -> Overview:
         if run is None:
             raise NotFound(f"no run {run_id!r}")
         order = await version_order(conn, run_id)
-        facts = session_facts(run_id, order)
+        facts = session_facts(run_id, order, TRAIN)
         per_version = await _per_version(conn, facts)
-        terminations = await _terminations(conn, facts)
+        terminations = {
+            _version(v): counts for v, counts in (await termination_counts(conn, facts)).items()
+        }
         groups = await _groups(conn, facts, order)
+        validation = await _per_version(conn, session_facts(run_id, order, VALIDATION))
         alignment = await _alignment(conn, run_id)
+        unfinished = and_(sessions.c.run_id == run_id, sessions.c.termination.is_(None))
+        active = await conn.scalar(select(func.count()).where(unfinished))
     rank = {v: i for i, v in enumerate(order)}
     versions = sorted(per_version, key=lambda v: rank.get(v, len(rank)))
     stats = tuple(
@@ -98,14 +135,20 @@ async def load_overview(store: Store, run_id: str) -> Overview:
         for v in versions
     )
     reasons = sorted({r for counts in terminations.values() for r in counts})
+    held_out = tuple(
+        ValidationStats(v.version, v.sessions, v.graded, v.mean_reward, v.solve_rate)
+        for v in sorted(validation.values(), key=lambda v: rank.get(v.version, len(rank)))
+    )
     return Overview(
         run_id=run_id,
         run_name=str(run.name),
-        sessions=sum(s.sessions for s in stats),
-        active=sum(s.terminations.get("active", 0) for s in stats),
+        sessions=sum(s.sessions for s in stats) + sum(v.sessions for v in held_out),
+        active=int(active or 0),
         versions=stats,
         alignment=alignment,
         termination_reasons=tuple(reasons),
+        validation=held_out,
+        order=tuple(order),
     )
 
 
@@ -149,18 +192,6 @@ async def _per_version(conn: AsyncConnection, facts: Subquery) -> dict[str, Vers
     return result
 
 
-async def _terminations(conn: AsyncConnection, facts: Subquery) -> dict[str, dict[str, int]]:
-    # An unfinished session has no termination yet; it shows as "active".
-    reason = func.coalesce(facts.c.termination, "active")
-    query = select(facts.c.version, reason.label("reason"), func.count().label("n")).group_by(
-        facts.c.version, reason
-    )
-    result: dict[str, dict[str, int]] = defaultdict(dict)
-    for row in await conn.execute(query):
-        result[_version(row.version)][str(row.reason)] = int(row.n)
-    return dict(result)
-
-
 async def _groups(
     conn: AsyncConnection, facts: Subquery, order: list[str]
 ) -> dict[str, tuple[int, int, int]]:
@@ -197,6 +228,7 @@ async def _alignment(conn: AsyncConnection, run_id: str) -> tuple[AlignmentPoint
             alignment_reports.c.weight_version,
             alignment_reports.c.metrics,
             alignment_reports.c.flagged,
+            alignment_reports.c.reasons,
         )
         .where(alignment_reports.c.run_id == run_id)
         .order_by(alignment_reports.c.step.desc())
@@ -211,6 +243,7 @@ async def _alignment(conn: AsyncConnection, run_id: str) -> tuple[AlignmentPoint
                 for k, v in dict(row.metrics or {}).items()
             },
             flagged=bool(row.flagged),
+            reasons=tuple(str(reason) for reason in row.reasons or ()),
         )
         for row in await conn.execute(query)
     ]

@@ -9,12 +9,19 @@ fork reason (re-labels applied, ``recorder.rows.SideRequests``), the messages th
 added to its parent's conversation (all of them for a root; whole requests are rebuilt
 from linear storage, ``recorder.conversations``), the recorded answer's text, reasoning
 and tool calls (``recorder.answers``), the finish reason, the timings, and up to
-``MAX_TOKENS`` sampled tokens as (token id, logprob). Token text is not the recorder's to
-know: whoever renders the page decodes the ids with the served tokenizer.
+``MAX_TOKENS`` sampled tokens as (token id, logprob). A turn's ``number`` is its place in
+the session's order of arrival (1 for the first), and ``parent_number`` its parent's;
+``seq`` is the recorder's clock, not a count. An ``edited_history`` fork carries what it
+changed against its parent (``edit``, ``recorder.read_models.forks``): the messages
+compared as the model saw them (role, text, tool calls with their arguments' JSON
+normalised, tool call id; reasoning left out, as templates drop it), the tokens compared
+after rebuilding both full prompts (``recorder.prompts``). Token text is not the
+recorder's to know: whoever renders the page decodes the ids with the served tokenizer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +33,8 @@ from kernel.errors import NotFound
 from recorder import codec
 from recorder.answers import Answer
 from recorder.conversations import Conversation, StoredRequest, rebuild
+from recorder.prompts import full_prompts
+from recorder.read_models.forks import EDITED_HISTORY, HistoryEdit, history_edit
 from recorder.records import DefenseEvent, StageTimes
 from recorder.rows import Reward, SideRequests, events_of, reward_of, stages_of
 from recorder.schema import sessions, turns
@@ -53,6 +62,8 @@ class SampledToken:
 class TurnView:
     id: str
     seq: int
+    number: int  # 1-based order of arrival in the session
+    parent_number: int | None
     depth: int
     parent_turn_id: str | None
     classification: str
@@ -71,6 +82,7 @@ class TurnView:
     new_messages: tuple[ShownMessage, ...]
     reply: ShownMessage
     tokens: tuple[SampledToken, ...]
+    edit: HistoryEdit[ShownMessage] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +163,17 @@ async def load_session(store: Store, session_id: str) -> SessionView:
         children.setdefault(parent, []).append(row)
     conversations = rebuild(session_id, (StoredRequest.of_row(row) for row in rows))
     labels = SideRequests.of_rows(row._mapping for row in rows)
+    numbers = {row.id: n for n, row in enumerate(rows, start=1)}
 
     views: list[TurnView] = []
     stack = [(row, 0) for row in reversed(children.get(None, []))]
     while stack:
         row, depth = stack.pop()
-        views.append(_turn_view(row, depth, conversations, labels))
+        view = _turn_view(row, depth, conversations, labels, numbers)
+        if view.fork_reason == EDITED_HISTORY and row.parent_turn_id in by_id:
+            edit = _edit(session_id, row, by_id, conversations)
+            view = dataclasses.replace(view, edit=edit)
+        views.append(view)
         stack.extend((child, depth + 1) for child in reversed(children.get(row.id, [])))
     return SessionView(
         id=str(session.id),
@@ -174,11 +191,45 @@ async def load_session(store: Store, session_id: str) -> SessionView:
     )
 
 
+def _shown_key(message: ShownMessage) -> tuple[object, ...]:
+    """What the model saw of a message: reasoning aside, arguments' JSON normalised."""
+    calls = tuple((name, _normalised_json(arguments)) for name, arguments in message.tool_calls)
+    return (message.role, message.content.strip(), calls, message.tool_call_id)
+
+
+def _normalised_json(text: str) -> str:
+    try:
+        return orjson.dumps(orjson.loads(text), option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONDecodeError:
+        return text
+
+
+def _edit(
+    session_id: str, fork: Any, by_id: Mapping[str, Any], conversations: Mapping[str, Conversation]
+) -> HistoryEdit[ShownMessage]:
+    parent = by_id[fork.parent_turn_id]
+    # Only the rows whose prompts the two full prompts are rebuilt from: the parent's chain.
+    chain = [fork, parent]
+    while chain[-1].prompt_offset and chain[-1].parent_turn_id in by_id:
+        chain.append(by_id[chain[-1].parent_turn_id])
+    prompts = full_prompts(session_id, [row._mapping for row in reversed(chain)])
+    parent_prompt, fork_prompt = prompts[-2], prompts[-1]
+    parent_tokens = [*parent_prompt.tolist(), *codec.decode_ids(parent.output_ids)]
+    before = conversations[parent.id]
+    shown_before = [_message(orjson.loads(m), "user") for m in before.messages]
+    shown_before.append(_reply(Answer.decode(before.answer)))
+    shown_after = [_message(orjson.loads(m), "user") for m in conversations[fork.id].messages]
+    return history_edit(
+        str(parent.id), shown_before, shown_after, _shown_key, parent_tokens, fork_prompt.tolist()
+    )
+
+
 def _turn_view(
     row: Any,
     depth: int,
     conversations: Mapping[str, Conversation],
     labels: SideRequests,
+    numbers: Mapping[str, int],
 ) -> TurnView:
     parent = conversations.get(row.parent_turn_id) if row.parent_turn_id else None
     # A continuation repeats its parent's messages and reply; show only what it added.
@@ -191,6 +242,8 @@ def _turn_view(
     return TurnView(
         id=str(row.id),
         seq=int(row.seq),
+        number=numbers[row.id],
+        parent_number=numbers.get(row.parent_turn_id) if row.parent_turn_id else None,
         depth=depth,
         parent_turn_id=row.parent_turn_id,
         classification=classification,

@@ -1,9 +1,12 @@
 """``/metrics`` and ``/ui`` on a real proxy after a scripted run: counters move exactly as
-the run did, the UI's authentication (Bearer and login cookie), and the pages of that run."""
+the run did, the UI's authentication (Bearer and login cookie), and the pages of that run;
+a run built through the control API (stage times, validation sessions, epochs) read back
+on its steps, epochs and sessions pages."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -174,7 +177,7 @@ def test_a_vector_reward_shows_on_the_session_page_and_in_the_sessions_table(
     page = proxy.admin.get(f"/ui/sessions/{session['id']}").raise_for_status().text
     assert "reward [1.0, 0.0]," in page
     table = proxy.admin.get(f"/ui/runs/{session['run_id']}/sessions").raise_for_status().text
-    assert '<td class="num">[1.0, 0.0]</td>' in table
+    assert 'data-field="reward">[1.0, 0.0]</td>' in table
 
 
 def test_the_session_page_shows_the_trial_report(proxy: Proxy) -> None:
@@ -202,3 +205,60 @@ def test_the_session_page_shows_the_trial_report(proxy: Proxy) -> None:
     assert '<li data-kind="history_hidden">' in page
     plain = proxy.admin.get(f"/ui/sessions/{silent['id']}").raise_for_status().text
     assert 'id="trial"' not in plain
+
+
+def test_the_run_pages_read_what_the_control_api_recorded(proxy: Proxy) -> None:
+    """Trials finished over HTTP, as the rollout runner finishes them: their stage times on
+    the steps page, their groups on the epochs page, validation kept out of both."""
+    run = proxy.admin.post("/api/v1/runs", json={"name": "ui-steps"}).raise_for_status().json()
+    finished = [
+        ("train", "rt.e0", "completed", 1.0, {"sandbox_setup": 2.0, "agent_execution": 30.0}),
+        ("train", "rt.e0", "completed", 0.0, {"sandbox_setup": 4.0, "agent_execution": 50.0}),
+        ("train", "rt.e0", "env_setup_failure", None, {"sandbox_setup": 9.0}),
+        ("train", "rt.e1", "completed", 1.0, None),
+        ("train", "rt.e1", "max_turns", 1.0, None),
+        ("validation", "held-out", "completed", 1.0, {"sandbox_setup": 500.0}),
+    ]
+    for index, (purpose, group, termination, reward, stages) in enumerate(finished):
+        session = proxy.admin.post(
+            f"/api/v1/runs/{run['id']}/sessions",
+            json={"task_id": "rt", "group_id": group, "sample_index": index, "purpose": purpose},
+        ).raise_for_status()
+        body = {"termination": termination, "reward": reward, "stages": stages}
+        proxy.admin.post(
+            f"/api/v1/sessions/{session.json()['id']}/finish", json=body
+        ).raise_for_status()
+
+    steps = proxy.admin.get(f"/ui/runs/{run['id']}/steps").raise_for_status().text
+    assert 'id="timed-trials">3<' in steps  # the validation trial is not a training step's
+    table = steps[steps.index('id="stage-table"') :]
+    sandbox = table[table.index('data-stage="sandbox_setup"') :]
+    assert re.search(r'data-field="mean">5<', sandbox)  # (2 + 4 + 9) / 3
+    assert re.search(r'data-field="p50">4<', sandbox)
+    assert re.search(r'data-field="share">15.8%<', sandbox)  # 15 of 95 s
+    assert re.search(r'data-field="mean">31.67<', table[table.index('data-stage="total"') :])
+    assert 'data-reason="env_setup_failure">1 <span class="muted">(20.0%)' in steps
+
+    epochs = proxy.admin.get(f"/ui/runs/{run['id']}/epochs").raise_for_status().text
+    assert re.search(r'data-epoch="0">.*?data-field="groups">1<', epochs, re.S)  # 1 of 2
+    assert re.search(r'data-epoch="1">.*?data-field="zero_variance_share">100.0%<', epochs, re.S)
+
+    overview = proxy.admin.get(f"/ui/runs/{run['id']}").raise_for_status().text
+    assert 'id="total-sessions">6<' in overview
+    assert 'id="validation-sessions">1<' in overview
+
+    listed = proxy.admin.get(
+        f"/ui/runs/{run['id']}/sessions", params={"purpose": "validation"}
+    ).raise_for_status()
+    assert 'id="session-total">1<' in listed.text
+    excluded = proxy.admin.get(f"/ui/runs/{run['id']}/sessions?excluded=yes&sort=-reward")
+    assert 'id="session-total">1<' in excluded.text
+    assert '<span class="badge excluded">excluded</span>' in excluded.text
+    bad = proxy.admin.get(f"/ui/runs/{run['id']}/sessions?excluded=maybe")
+    assert bad.status_code == 400
+    assert "excluded: " in bad.text
+    assert proxy.admin.get(f"/ui/runs/{run['id']}/sessions?sort=bogus").status_code == 400
+    tasks = proxy.admin.get(f"/ui/runs/{run['id']}/tasks").raise_for_status().text
+    assert f'href="/ui/runs/{run["id"]}/sessions?task=rt"' in tasks
+    assert proxy.admin.get("/ui/runs/unknown-run/steps").status_code == 404
+    assert proxy.admin.get("/ui/runs/unknown-run/epochs").status_code == 404

@@ -1,6 +1,7 @@
 """The read models against seeded runs on SQLite and Postgres: numbers, sorting, paging,
-the constant statement count on a 1,000-session run, the session tree, and rewards as the
-recorder reads them (a vector too)."""
+the constant statement count on a 1,000-session run, validation sessions kept apart from
+the training numbers, the session tree with its turns numbered and an edited-history
+fork's diff, and rewards as the recorder reads them (a vector too)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,17 @@ from sqlalchemy import event
 
 from kernel.errors import InvalidRequest, NotFound
 from proxy.canonical import Message
+from recorder.read_models.epochs import load_epochs
 from recorder.read_models.overview import load_overview
 from recorder.read_models.session_view import load_session
-from recorder.read_models.tables import load_runs, load_sessions, load_tasks
+from recorder.read_models.steps import load_steps
+from recorder.read_models.tables import (
+    SessionFilter,
+    load_runs,
+    load_session_choices,
+    load_sessions,
+    load_tasks,
+)
 from recorder.store import Store
 from tests.proxy.test_conversations import (
     SYSTEM,
@@ -30,7 +39,15 @@ from tests.proxy.test_conversations import (
     request,
     result,
 )
-from tests.recorder.read_models.seed import SeededRun, SeededSession, seed_run
+from tests.recorder.read_models.seed import (
+    EDITED_SUFFIX,
+    FORK_ADDED,
+    FORK_EDIT,
+    FORK_SHARED,
+    SeededRun,
+    SeededSession,
+    seed_run,
+)
 
 
 @contextmanager
@@ -60,7 +77,15 @@ def mixed_plan(v: int, n: int) -> tuple[str | None, float | None, int, int, int]
 
 async def seed_mixed(url: str, versions: int = 3, groups: int = 4) -> SeededRun:
     return await seed_run(
-        url, versions=versions, groups_per_version=groups, group_size=4, plan=mixed_plan, tasks=3
+        url,
+        versions=versions,
+        groups_per_version=groups,
+        group_size=4,
+        plan=mixed_plan,
+        tasks=3,
+        epoch_groups=True,
+        stages=lambda v, n: {"sandbox_setup": 1.0 + n, "agent_execution": 10.0 * (v + 1)},
+        fork=lambda v, n: n == 1,
     )
 
 
@@ -163,11 +188,18 @@ async def test_a_thousand_session_run_costs_the_same_statements_as_a_small_one(
             overview = await load_overview(store, run.id)
             tasks = await load_tasks(store, run.id, "-latest")
             sessions = await load_sessions(store, run.id, page=3)
+            steps = await load_steps(store, run.id)
+            epochs = await load_epochs(store, run.id)
+            forked = SessionFilter(fork="edited_history", excluded=False)
+            await load_sessions(store, run.id, wanted=forked, sort="-reward")
+            await load_session_choices(store, run.id)
             elapsed = time.perf_counter() - started
         counts.append(len(statements))
         assert overview.run_name == run.name
         assert tasks.rows
         assert sessions.total == len(run.sessions)
+        assert steps.whole_run.timed == len(run.sessions)
+        assert epochs.epochs
     assert counts[0] == counts[1]
     assert elapsed < 2.0  # generous: it takes a few tens of milliseconds
 
@@ -237,3 +269,88 @@ async def test_a_vector_reward_shows_as_the_vector_and_stays_out_of_the_aggregat
     assert row.reward == (1.0, 0.0)
     [stats] = (await load_overview(store, run_id)).versions
     assert (stats.graded, stats.mean_reward, stats.solve_rate) == (1, None, 0.0)
+
+
+async def test_validation_sessions_stay_out_of_the_training_numbers(
+    database_url: str, store: Store
+) -> None:
+    """Validation rewards are the validation curve, never the train reward; the alignment
+    reports come with the trainer's reasons for a flagged step."""
+    run = await seed_run(
+        database_url,
+        versions=3,
+        groups_per_version=1,
+        group_size=4,
+        plan=lambda v, n: ("completed", float(n < v + 1), 2, 5, 0),  # 1/4, 2/4, 3/4 solved
+        # Validation at versions 0 and 2 only (every other step); one still running.
+        validation=lambda v: (
+            []
+            if v == 1
+            else [("completed", 1.0), ("completed", 1.0)] + ([(None, None)] if v == 2 else [])
+        ),
+        alignment=[{"pearson_r": 0.9993, "entropy": 0.13}, {"pearson_r": 0.97, "entropy": 0.2}],
+        flagged={1: ["pearson_r 0.97 < 0.99", "k3_kl 0.02 > 0.01"]},
+    )
+    overview = await load_overview(store, run.id)
+    assert [v.mean_reward for v in overview.versions] == [0.25, 0.5, 0.75]
+    assert [v.sessions for v in overview.versions] == [4, 4, 4]
+    assert [(v.version, v.sessions, v.graded, v.mean_reward) for v in overview.validation] == [
+        ("v000", 2, 2, 1.0),
+        ("v002", 3, 2, 1.0),
+    ]
+    assert overview.sessions == 12 + 5
+    assert overview.validation_sessions == 5
+    assert overview.active == 1  # the running validation session
+    assert overview.curve_versions() == ["v000", "v001", "v002"]
+    assert [(p.step, p.flagged, p.reasons) for p in overview.alignment] == [
+        (0, False, ()),
+        (1, True, ("pearson_r 0.97 < 0.99", "k3_kl 0.02 > 0.01")),
+    ]
+    # The tasks' solve rates are training ones too: no held-out task appears.
+    tasks = await load_tasks(store, run.id)
+    assert {t.task_id for t in tasks.rows} == {"task-0"}
+
+
+async def test_turns_are_numbered_by_arrival_and_a_fork_shows_its_edit(
+    database_url: str, store: Store
+) -> None:
+    run = await seed_run(
+        database_url,
+        versions=1,
+        groups_per_version=1,
+        group_size=1,
+        plan=lambda v, n: ("completed", 1.0, 3, 4, 0),
+        fork=lambda v, n: True,
+    )
+    [seeded] = run.sessions
+    view = await load_session(store, seeded.id)
+    assert [t.id for t in view.turns] == list(seeded.turn_ids)
+    assert [t.number for t in view.turns] == [1, 2, 3, 4]
+    assert [t.parent_number for t in view.turns] == [None, 1, 2, 3]
+    root, _, parent, fork = view.turns
+    assert (fork.classification, fork.fork_reason, fork.depth) == ("fork", "edited_history", 3)
+    assert root.edit is None
+    assert parent.edit is None
+    edit = fork.edit
+    assert edit is not None
+    assert edit.parent_turn_id == parent.id
+    # The parent saw the task and two exchanges (five messages), then answered; the fork
+    # edited the task message, kept the exchanges and the answer, added its tool result.
+    kinds = [(s.kind, len(s.before), len(s.after)) for s in edit.messages]
+    assert kinds == [("changed", 1, 1), ("same", 5, 5), ("added", 0, 1)]
+    changed = edit.messages[0]
+    assert changed.before[0].content == "solve task-0"
+    assert changed.after[0].content == "solve task-0" + EDITED_SUFFIX
+    assert [(m.role, m.content) for m in edit.messages[-1].after] == [("tool", "result 2")]
+    assert edit.changed_messages == 1
+    # Tokens: the parent's prompt 1 2 3 then its four sampled ids, against the fork's.
+    sampled = tuple(range(100, 104))
+    assert edit.shared_tokens == FORK_SHARED
+    assert edit.parent_tokens == 3 + 4
+    assert edit.fork_tokens == FORK_SHARED + len(FORK_EDIT) + 4 + len(FORK_ADDED)
+    assert [(s.kind, s.start, s.ids) for s in edit.tokens] == [
+        ("removed", 2, (3,)),
+        ("added", 2, FORK_EDIT),
+        ("same", 3, sampled),
+        ("added", 3 + 4, FORK_ADDED),
+    ]
