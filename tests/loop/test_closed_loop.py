@@ -14,6 +14,7 @@ Live UI.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -156,3 +157,56 @@ def test_what_the_loop_recorded(recorded: Any) -> None:
     for report in reports:
         for series in ("mean_reward", "entropy", "response_tokens", "turns_per_trajectory", "kl"):
             assert report["metrics"][series] is not None, series
+
+
+def _cell(page: str, row: str, field: str) -> str:
+    """The text of ``<td ... data-field=field>`` in the first ``<tr row>`` of ``page``."""
+    start = page.index(row)
+    end = page.index("</tr>", start)
+    match = re.search(rf'data-(?:field|bin|reason)="{re.escape(field)}">([^<]*)<', page[start:end])
+    assert match is not None, (row, field)
+    return match.group(1).strip()
+
+
+def test_the_live_ui_shows_the_loops_numbers(recorded: Any) -> None:
+    admin, run_id = recorded
+    sessions = _sessions(admin, run_id)
+    train = [s for s in sessions if s["purpose"] == "train" and s["reward"] is not None]
+
+    # Epochs (Figure 5): per epoch, the groups and their k of N, as recorded.
+    epochs = admin.get(f"/ui/runs/{run_id}/epochs").raise_for_status().text
+    by_group: dict[str, list[float]] = {}
+    for s in train:
+        by_group.setdefault(s["group_id"], []).append(s["reward"])
+    for epoch in sorted({int(g.rsplit(".e", 1)[1]) for g in by_group}):
+        groups = {g: r for g, r in by_group.items() if g.endswith(f".e{epoch}") and len(r) > 1}
+        row = f'data-epoch="{epoch}"'
+        assert _cell(epochs, row, "groups") == str(len(groups))
+        for rewards in groups.values():
+            k = sum(1 for r in rewards if r > 0)
+            expected = sum(1 for r2 in groups.values() if sum(1 for r in r2 if r > 0) == k)
+            assert _cell(epochs, row, f"{k}/{len(rewards)}") == str(expected)
+
+    # Overview (Figure 3): the held-out reward where it was sampled, and training apart.
+    overview = admin.get(f"/ui/runs/{run_id}").raise_for_status().text
+    for version in ("step-1", "step-2"):
+        held = [
+            s["reward"]
+            for s in sessions
+            if s["purpose"] == "validation" and s["group_id"] == f"val-s{version[-1]}.held.e0"
+        ]
+        row = f'data-version="{version}"'
+        assert _cell(overview, row, "validation_sessions") == str(len(held))
+        assert float(_cell(overview, row, "validation_reward")) == pytest.approx(held[0])
+
+    # Steps (Table 4, Figure 4): every graded training session of a version is counted.
+    steps = admin.get(f"/ui/runs/{run_id}/steps").raise_for_status().text
+    total = sum(1 for s in sessions if s["purpose"] == "train")
+    assert _cell(steps, '<tr data-version="all"', "sessions") == str(total)
+    assert "agent_execution" in steps
+
+    # Sessions, filtered to the held-out ones; behaviour over the training sessions.
+    listed = admin.get(f"/ui/runs/{run_id}/sessions", params={"purpose": "validation"}).text
+    assert listed.count("val-s") >= 2
+    behaviour = admin.get(f"/ui/runs/{run_id}/behaviour").raise_for_status().text
+    assert 'data-indicator="runs_tests"' in behaviour

@@ -222,11 +222,16 @@ def test_the_overview_shows_the_training_curves_and_why_a_step_was_flagged() -> 
             ),
         ),
         termination_reasons=("completed",),
-        validation=(ValidationStats("v1", 3, 3, 2 / 3, 2 / 3),),
-        order=("v0", "v1"),
+        validation=(
+            ValidationStats("v1", 3, 3, 2 / 3, 2 / 3),
+            ValidationStats("v2", 1, 1, 1.0, 1.0),  # after the last step: no training at v2
+        ),
+        order=("v0", "v1", "v2"),
     )
     html = Pages().overview(overview)
-    assert 'id="validation-sessions">3<' in html
+    assert 'id="validation-sessions">4<' in html
+    assert cell(html, 'data-version="v2"', "validation_reward") == "1"
+    assert cell(html, 'data-version="v2"', "sessions") == "0"
     assert 'id="flagged-count">1<' in html
     flagged = html[html.index('id="flagged-steps"') :]
     reason = r'<tr class="flagged" data-step="1">.*<li>pearson_r 0.97 &lt; 0.99</li>'
