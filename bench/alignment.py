@@ -41,7 +41,7 @@ from kernel.paths import default_model_dir
 from kernel.threaded import free_port, serve
 from proxy.app import create_app
 from proxy.settings import Settings
-from trainer_bridge.alignment import AlignmentMetrics, measure_alignment
+from trainer_bridge.alignment import AlignmentMetrics, measure_alignment, tally_routing
 from trainer_bridge.client import ExportClient
 from trainer_bridge.packing import pack
 from trainer_bridge.policy import forward_logprobs, load_policy
@@ -133,12 +133,8 @@ def recompute(model: torch.nn.Module, samples: list[Sample], replay: bool) -> Al
                 chosen = torch.stack([trace.natural[layer] for layer in layers], dim=1)
                 recorded.append(mb.routed_experts[:, layers][mask].numpy())
                 natural.append(chosen[mask].numpy())
-    return measure_alignment(
-        np.concatenate(rollout),
-        np.concatenate(trainer),
-        np.concatenate(recorded) if recorded else None,
-        np.concatenate(natural) if natural else None,
-    )
+    routing = tally_routing(np.concatenate(recorded), np.concatenate(natural)) if recorded else None
+    return measure_alignment(np.concatenate(rollout), np.concatenate(trainer), routing)
 
 
 def _row(name: str, m: AlignmentMetrics) -> str:

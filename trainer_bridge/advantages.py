@@ -1,6 +1,8 @@
 """GRPO advantages: each session's reward normalised within its prompt group.
 
-Owns ``normalize_group(rewards)`` and ``grpo_advantages(samples)``.
+Owns ``normalize_group(rewards)``, ``grpo_advantages(samples)`` and the zero-variance
+count (``zero_variance_groups``: counts, so data-parallel ranks holding whole groups can
+add theirs up; ``zero_variance_share``: the share).
 
 ``A_i = (r_i - mean(r)) / (std(r) + eps)`` over the sessions of one group, with the
 population standard deviation (ddof 0). A group whose rewards are all equal (0/8 or 8/8
@@ -43,11 +45,15 @@ def grpo_advantages(samples: Sequence[Sample], eps: float = EPS) -> npt.NDArray[
     return np.asarray([by_session[(s.group_id, s.session_id)] for s in samples], np.float64)
 
 
-def zero_variance_share(samples: Sequence[Sample]) -> float:
-    """Share of groups whose rewards are all equal (they teach nothing this step)."""
+def zero_variance_groups(samples: Sequence[Sample]) -> tuple[int, int]:
+    """``(groups whose rewards are all equal, groups)``: the former teach nothing this step."""
     rewards: dict[str, set[float]] = {}
     for sample in samples:
         rewards.setdefault(sample.group_id, set()).add(sample.reward)
-    if not rewards:
-        return 0.0
-    return sum(len(r) == 1 for r in rewards.values()) / len(rewards)
+    return sum(len(r) == 1 for r in rewards.values()), len(rewards)
+
+
+def zero_variance_share(samples: Sequence[Sample]) -> float:
+    """Share of groups whose rewards are all equal (0.0 without groups)."""
+    flat, groups = zero_variance_groups(samples)
+    return flat / groups if groups else 0.0

@@ -1,12 +1,15 @@
 """Rollout-to-training alignment: how well the trainer reproduces what the backend sampled.
 
-Owns ``AlignmentMetrics``, ``AlignmentThresholds``, ``measure_alignment``, ``is_flagged``
-and ``flag_reasons`` (what a flagged step is outside of).
+Owns ``AlignmentMetrics``, ``AlignmentThresholds``, ``RoutingTally`` / ``tally_routing``,
+``measure_alignment``, ``is_flagged`` and ``flag_reasons`` (what a flagged step is outside of).
 
 Inputs are flat arrays over the sampled tokens only (the caller selects them with the loss
 mask): ``rollout`` and ``recomputed`` logprobs of the same tokens, and optionally the
-recorded expert ids ``[tokens, moe_layers, top_k]`` beside the ids the trainer's router
-chose on its own for the same rows. Definitions (float64 throughout):
+``RoutingTally`` of the recorded expert ids ``[tokens, moe_layers, top_k]`` against the ids
+the trainer's router chose on its own for the same rows. A tally is counts, so the tallies
+of disjoint sets of tokens (micro-batches, data-parallel ranks) add up to the tally of
+their union: routing is measured piece by piece without holding every row at once.
+Definitions (float64 throughout):
 
 - ``pearson_r``: Pearson correlation of rollout vs recomputed logprobs (1.0 for identical
   arrays even when they are constant; 0.0 for a constant array against a varying one).
@@ -68,25 +71,51 @@ def _pearson(a: Floats, b: Floats) -> float:
     return float((da * db).sum() / denom)
 
 
-def routing_agreement(recorded: Ints, natural: Ints) -> tuple[float, float]:
-    """``(expert_overlap, top1_agreement)`` of two ``[tokens, layers, top_k]`` id arrays."""
+@dataclass(frozen=True, slots=True)
+class RoutingTally:
+    """What the routing agreement is computed from; ``a + b`` is the tally of both."""
+
+    rows: int = 0  # tokens x MoE layers compared
+    slots: int = 0  # rows x top_k
+    hits: int = 0  # recorded ids that the natural top-k of the same row also holds
+    top1_hits: int = 0  # rows whose highest-weight expert is the same
+
+    def __add__(self, other: RoutingTally) -> RoutingTally:
+        return RoutingTally(
+            self.rows + other.rows,
+            self.slots + other.slots,
+            self.hits + other.hits,
+            self.top1_hits + other.top1_hits,
+        )
+
+    @property
+    def expert_overlap(self) -> float:
+        return self.hits / self.slots if self.slots else 1.0
+
+    @property
+    def top1_agreement(self) -> float:
+        return self.top1_hits / self.rows if self.rows else 1.0
+
+
+def tally_routing(recorded: Ints, natural: Ints) -> RoutingTally:
+    """The tally of two ``[tokens, layers, top_k]`` id arrays."""
     if recorded.shape != natural.shape or recorded.ndim != 3:
         raise InvalidRequest(f"routing arrays {recorded.shape} and {natural.shape} differ")
-    if recorded.shape[0] == 0:
-        return 1.0, 1.0
-    top_k = recorded.shape[2]
+    rows = recorded.shape[0] * recorded.shape[1]
     # Pairwise comparison of the two top-k sets; ids within one row are distinct.
-    hits = (recorded[..., :, None] == natural[..., None, :]).any(axis=-1).sum(axis=-1)
-    overlap = float(hits.mean() / top_k)
-    top1 = float((recorded[..., 0] == natural[..., 0]).mean())
-    return overlap, top1
+    hits = (recorded[..., :, None] == natural[..., None, :]).any(axis=-1)
+    top1 = recorded[..., 0] == natural[..., 0]
+    return RoutingTally(rows, rows * recorded.shape[2], int(hits.sum()), int(top1.sum()))
+
+
+def routing_agreement(recorded: Ints, natural: Ints) -> tuple[float, float]:
+    """``(expert_overlap, top1_agreement)`` of two ``[tokens, layers, top_k]`` id arrays."""
+    tally = tally_routing(recorded, natural)
+    return tally.expert_overlap, tally.top1_agreement
 
 
 def measure_alignment(
-    rollout: Floats,
-    recomputed: Floats,
-    recorded_experts: Ints | None = None,
-    natural_experts: Ints | None = None,
+    rollout: Floats, recomputed: Floats, routing: RoutingTally | None = None
 ) -> AlignmentMetrics:
     """Alignment over the sampled tokens given (see the module doc for definitions)."""
     if rollout.shape != recomputed.shape or rollout.ndim != 1:
@@ -96,9 +125,8 @@ def measure_alignment(
     d = recomputed.astype(np.float64) - rollout.astype(np.float64)
     abs_d = np.abs(d)
     p50, p90, p99 = (float(q) for q in np.quantile(abs_d, [0.5, 0.9, 0.99]))
-    overlap = top1 = None
-    if recorded_experts is not None and natural_experts is not None:
-        overlap, top1 = routing_agreement(recorded_experts, natural_experts)
+    overlap = None if routing is None else routing.expert_overlap
+    top1 = None if routing is None else routing.top1_agreement
     return AlignmentMetrics(
         tokens=int(rollout.size),
         pearson_r=_pearson(rollout.astype(np.float64), recomputed.astype(np.float64)),

@@ -48,6 +48,9 @@ class TrainConfig:
     dtype: str = "float32"  # "float32" | "bfloat16"
     device: str = "cpu"
     seed: int = 0
+    # Data parallel (torchrun): ranks other than 0 wait in a collective while rank 0 waits
+    # for groups and publishes; a collective that waits longer than this fails the run.
+    dist_timeout_s: float = 4 * 3600.0
 
 
 # What ``--help`` says of each flag (its default is appended).
@@ -79,6 +82,8 @@ _HELP = {
     "dtype": "float32 or bfloat16",
     "device": "torch device",
     "seed": "random seed",
+    "dist_timeout_s": "under torchrun: how long a rank may wait for the others (rank 0 waits "
+    "for groups and publishes meanwhile)",
 }
 
 

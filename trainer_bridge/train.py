@@ -1,7 +1,8 @@
 """The training loop: claim -> samples -> replayed forward -> GSPO step -> publish -> ack.
 
-Owns ``run(config, export, backend)``, one step's optimisation ``optimize(...)``, and the
-command line ``python -m trainer_bridge.train --model-path ... --proxy-url ... --admin-key
+Owns ``run(config, export, weights)`` (rank 0, or the one process), ``follow(config,
+world)`` (every other data-parallel rank), ``prepare`` (the policy, optimizer and reference,
+equal on every rank), one step's optimisation ``optimize(...)``, and the command line ``python -m trainer_bridge.train --model-path ... --proxy-url ... --admin-key
 ... --run-id ... --backend-url ... [--lr 1e-4 --steps 5 ...]`` (flags: ``TrainConfig``).
 
 One step, top to bottom:
@@ -20,6 +21,15 @@ One step, top to bottom:
 The policy is on-policy within a step: the "old" logprobs of GSPO's ratio are the
 trainer's own recomputation (importance-sampling correction off, as in LEGO-RL), so the
 rollout logprobs serve alignment only.
+
+Data parallel under ``torchrun --nproc_per_node N -m trainer_bridge.train ...``
+(``trainer_bridge.distributed``; docs/training.md): rank 0 runs ``run`` and does all of
+the above that talks to the proxy or the backend; it deals each claimed batch out in whole
+groups (``trainer_bridge.sharding``), and every rank, the others in ``follow``, runs steps
+2-5 on its shard in step with the rest. ``optimize`` normalises the loss by the step's
+global sequence count and sums gradients over ranks before clipping, so every rank takes
+the step one process would take on the whole batch, and its outcome describes the whole
+batch. A world of one is the single process, unchanged.
 """
 
 from __future__ import annotations
@@ -28,22 +38,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from kernel.errors import Conflict
-from trainer_bridge.advantages import grpo_advantages, zero_variance_share
+from trainer_bridge.advantages import grpo_advantages, zero_variance_groups
 from trainer_bridge.alignment import (
     AlignmentMetrics,
     AlignmentThresholds,
+    RoutingTally,
     flag_reasons,
     measure_alignment,
+    tally_routing,
 )
 from trainer_bridge.client import ExportClient
 from trainer_bridge.config import TrainConfig, config_from_args
+from trainer_bridge.distributed import SOLO, World, joined
 from trainer_bridge.loss import gspo_loss
 from trainer_bridge.packing import MicroBatch, pack
 from trainer_bridge.policy import (
@@ -57,6 +70,7 @@ from trainer_bridge.policy import (
 from trainer_bridge.replay import RouterTrace
 from trainer_bridge.samples import Sample, samples_from_batch
 from trainer_bridge.series import batch_series
+from trainer_bridge.sharding import deal
 from trainer_bridge.weights import WeightSync
 
 log = logging.getLogger("trainer_bridge")
@@ -112,14 +126,27 @@ def optimize(
     reference: Reference,
     samples: Sequence[Sample],
     config: TrainConfig,
+    world: World = SOLO,
 ) -> StepOutcome:
-    """One optimizer step over ``samples`` (gradient accumulation across micro-batches)."""
+    """One optimizer step over ``samples`` (gradient accumulation across micro-batches).
+
+    Under data parallelism every rank calls it at once with its shard: whole prompt groups
+    (``sharding``), so each group's advantages are those of one process. The losses are
+    normalised by the step's global sequence count, gradients are summed over ranks before
+    clipping, and the outcome (identical on every rank) describes the whole step.
+    """
     device = next(model.parameters()).device
+    rewards = np.asarray([s.reward for s in samples], np.float64)
+    count, reward_sum, flat_groups, groups = world.sum(
+        [len(samples), float(np.sum(rewards)), *zero_variance_groups(samples)]
+    )
+    num_sequences = int(count)
     advantages = torch.from_numpy(grpo_advantages(samples))
-    rollout_lp: list[torch.Tensor] = []
-    trainer_lp: list[torch.Tensor] = []
-    recorded: list[torch.Tensor] = []
-    natural: list[torch.Tensor] = []
+    # Seeded empty: a rank may hold no samples and still gathers its (empty) share.
+    rollout_lp: list[torch.Tensor] = [torch.zeros(0, dtype=torch.float64)]
+    trainer_lp: list[torch.Tensor] = [torch.zeros(0, dtype=torch.float64)]
+    routing = RoutingTally()
+    routed = 0  # micro-batches whose routing was compared
     policy_total = kl_total = 0.0
     clipped = 0
     optimizer.zero_grad(set_to_none=True)
@@ -133,11 +160,11 @@ def optimize(
             advantages[list(mb.sample_ids)].to(device),
             seq_index,
             mask,
-            num_sequences=len(samples),
+            num_sequences=num_sequences,
             clip_low=config.clip_low,
             clip_high=config.clip_high,
         )
-        kl = reference.kl(mb, logprobs, len(samples))
+        kl = reference.kl(mb, logprobs, num_sequences)
         loss: torch.Tensor = policy + kl * config.kl_coef
         torch.autograd.backward(loss)
         policy_total += float(policy.detach())
@@ -147,24 +174,29 @@ def optimize(
         trainer_lp.append(logprobs.detach().double().cpu()[mb.loss_mask])
         rows = _natural_rows(trace, mb)
         if mb.routed_experts is not None and rows is not None:
-            recorded.append(mb.routed_experts[:, trace.moe_layers][mb.loss_mask])
-            natural.append(rows[mb.loss_mask])
+            recorded = mb.routed_experts[:, trace.moe_layers][mb.loss_mask]
+            routing += tally_routing(recorded.numpy(), rows[mb.loss_mask].numpy())
+            routed += 1
+    world.sum_gradients(model.parameters())
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
     optimizer.step()
+    policy_total, kl_total, clipped_total, routed_total, *tally = world.sum(
+        [policy_total, kl_total, clipped, routed, *astuple(routing)]
+    )
+    logprobs_by_rank = world.all_gather((torch.cat(rollout_lp), torch.cat(trainer_lp)))
     alignment = measure_alignment(
-        torch.cat(rollout_lp).numpy(),
-        torch.cat(trainer_lp).numpy(),
-        torch.cat(recorded).numpy() if recorded else None,
-        torch.cat(natural).numpy() if natural else None,
+        torch.cat([rollout for rollout, _ in logprobs_by_rank]).numpy(),
+        torch.cat([trainer for _, trainer in logprobs_by_rank]).numpy(),
+        RoutingTally(*(int(n) for n in tally)) if routed_total else None,
     )
     return StepOutcome(
-        samples=len(samples),
-        mean_reward=float(np.mean([s.reward for s in samples])),
-        zero_variance_share=zero_variance_share(samples),
+        samples=num_sequences,
+        mean_reward=reward_sum / num_sequences,
+        zero_variance_share=flat_groups / groups if groups else 0.0,
         policy_loss=policy_total,
         kl_loss=kl_total,
         grad_norm=float(grad_norm),
-        clipped_sequences=clipped,
+        clipped_sequences=int(clipped_total),
         alignment=alignment,
     )
 
@@ -221,24 +253,39 @@ def _publish(
         export.resume()
 
 
-def run(
-    config: TrainConfig,
-    export: ExportClient,
-    weights: WeightSync,
-    after_step: AfterStep | None = None,
-    stop: threading.Event | None = None,
-) -> list[StepReport]:
-    """Train for ``config.steps`` steps (fewer if data stops coming, ``after_step`` says
-    stop, or ``stop`` is set while waiting for groups); one report per step."""
+def prepare(
+    config: TrainConfig, world: World
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, Reference]:
+    """The policy, its optimizer and the KL reference, the same on every rank."""
     torch.manual_seed(config.seed)
     model = load_policy(config.model_path, config.dtype, config.device)
+    world.broadcast_parameters(model)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
     reference: Reference = NoReference()
     if config.kl_coef > 0:
         frozen = load_policy(config.model_path, config.dtype, config.device)
+        world.broadcast_parameters(frozen)
         reference = FrozenReference(frozen, config.replay)
+    return model, optimizer, reference
+
+
+def run(
+    config: TrainConfig,
+    export: ExportClient,
+    weights: WeightSync,
+    after_step: AfterStep | None = None,
+    stop: threading.Event | None = None,
+    world: World = SOLO,
+) -> list[StepReport]:
+    """Train for ``config.steps`` steps (fewer if data stops coming, ``after_step`` says
+    stop, or ``stop`` is set while waiting for groups); one report per step.
+
+    Under data parallelism this is rank 0: it claims, deals each batch out, publishes, posts
+    and acks; the other ranks run ``follow`` and stop when this returns.
+    """
+    model, optimizer, reference = prepare(config, world)
     thresholds = AlignmentThresholds(
         config.min_pearson_r, config.max_abs_dlogp_p99, config.min_expert_overlap
     )
@@ -257,7 +304,9 @@ def run(
                 )
             break
         batch_ids, samples = claimed
-        outcome = optimize(model, optimizer, reference, samples, config)
+        shard = deal(world, samples)
+        assert shard is not None
+        outcome = optimize(model, optimizer, reference, shard, config, world)
         optimized_at = time.monotonic()
         version = f"{config.version_prefix}{step}"
         _publish(model, config, version, export, weights)
@@ -274,7 +323,7 @@ def run(
             "mean_reward": outcome.mean_reward,
             "kl": outcome.kl_loss,
             "zero_variance_share": outcome.zero_variance_share,
-            **batch_series(samples),
+            **batch_series(samples),  # the whole batch: rank 0 holds it
         }
         export.post_alignment(step, current_version, metrics, flagged, reasons)
         for batch_id in batch_ids:
@@ -293,7 +342,22 @@ def run(
         if after_step is not None and not after_step(report):
             log.info("stopped after step %d by the caller", step)
             break
+    deal(world, None)  # however the run ended, the other ranks end with it
     return reports
+
+
+def follow(config: TrainConfig, world: World) -> int:
+    """A rank other than 0: take each step on the shard rank 0 deals, until it deals none.
+
+    Returns the number of steps taken. Its model stays equal to rank 0's (same start, same
+    summed gradients, same optimizer), so it never publishes and never talks to the proxy.
+    """
+    model, optimizer, reference = prepare(config, world)
+    steps = 0
+    while (shard := deal(world, None)) is not None:
+        optimize(model, optimizer, reference, shard, config, world)
+        steps += 1
+    return steps
 
 
 def progress_line(
@@ -322,11 +386,17 @@ def main(
     # Polling for batches is an HTTP request every poll_interval_s: not news.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = config_from_args(argv, prog=prog)
-    with (
-        ExportClient(config.proxy_url, config.admin_key, config.run_id) as export,
-        WeightSync(config.backend_url) as weights,
-    ):
-        run(config, export, weights)
+    with joined(config.device, config.dist_timeout_s) as world:
+        config = replace(config, device=world.device)
+        if not world.is_leader:
+            steps = follow(config, world)
+            log.info("rank %d of %d: done after %d steps", world.rank, world.size, steps)
+            return
+        with (
+            ExportClient(config.proxy_url, config.admin_key, config.run_id) as export,
+            WeightSync(config.backend_url) as weights,
+        ):
+            run(config, export, weights, world=world)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from trainer_bridge.advantages import grpo_advantages, normalize_group, zero_variance_share
+from trainer_bridge.advantages import (
+    grpo_advantages,
+    normalize_group,
+    zero_variance_groups,
+    zero_variance_share,
+)
 from trainer_bridge.samples import Sample
 
 
@@ -47,3 +52,5 @@ def test_groups_are_normalised_separately_and_sessions_count_once() -> None:
     # Counting a twice would give mean 2/3 and advantages (0.707, 0.707, -1.414).
     np.testing.assert_allclose(out, [1.0, 1.0, -1.0, 0.0, 0.0], atol=1e-5)
     assert zero_variance_share(samples) == 0.5
+    assert zero_variance_groups(samples) == (1, 2)
+    assert zero_variance_share([]) == 0.0

@@ -13,6 +13,7 @@ from trainer_bridge.alignment import (
     is_flagged,
     measure_alignment,
     routing_agreement,
+    tally_routing,
 )
 
 
@@ -63,7 +64,7 @@ def test_one_row_shift_collapses_overlap_and_top1() -> None:
     assert overlap < 0.35
     assert top1 < 0.2
     lp = np.log(np.linspace(0.1, 0.9, 400))
-    m = measure_alignment(lp, lp, recorded, np.roll(recorded, 1, axis=0))
+    m = measure_alignment(lp, lp, tally_routing(recorded, np.roll(recorded, 1, axis=0)))
     assert m.expert_overlap == overlap
     assert is_flagged(m, AlignmentThresholds(min_expert_overlap=0.9))
 
@@ -72,6 +73,25 @@ def test_overlap_ignores_order_but_top1_does_not() -> None:
     recorded = np.array([[[1, 2]], [[3, 4]]])
     swapped = np.array([[[2, 1]], [[3, 5]]])
     assert routing_agreement(recorded, swapped) == (0.75, 0.5)
+
+
+def test_tallies_of_disjoint_rows_add_up_to_the_whole() -> None:
+    recorded = _routing(300)
+    natural = np.roll(recorded, 1, axis=0)
+    natural[:150] = recorded[:150]  # half agrees, half is shifted
+    whole = tally_routing(recorded, natural)
+    parts = tally_routing(recorded[:100], natural[:100]) + tally_routing(
+        recorded[100:], natural[100:]
+    )
+    assert parts == whole
+    assert (whole.rows, whole.slots) == (300 * 3, 300 * 3 * 2)
+    assert 0.5 < whole.expert_overlap < 0.7
+    assert routing_agreement(recorded, natural) == (whole.expert_overlap, whole.top1_agreement)
+
+
+def test_an_empty_tally_agrees_fully() -> None:
+    empty = tally_routing(np.zeros((0, 3, 2), np.int64), np.zeros((0, 3, 2), np.int64))
+    assert (empty.expert_overlap, empty.top1_agreement) == (1.0, 1.0)
 
 
 def test_mismatched_inputs_raise() -> None:

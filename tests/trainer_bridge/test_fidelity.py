@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.trainer_bridge.conftest import ADMIN_KEY, RolloutStack
-from trainer_bridge.alignment import measure_alignment
+from trainer_bridge.alignment import measure_alignment, tally_routing
 from trainer_bridge.client import ExportClient
 from trainer_bridge.packing import pack
 from trainer_bridge.policy import forward_logprobs, load_policy
@@ -66,7 +66,7 @@ def test_claimed_samples_are_complete_and_aligned(claimed: list[Sample]) -> None
 
 def test_fp32_rollouts_recompute_with_replay(tiny_model_dir: Path, claimed: list[Sample]) -> None:
     rollout, trainer, recorded, natural = _recompute(tiny_model_dir, claimed, replay=True)
-    m = measure_alignment(rollout, trainer, recorded, natural)
+    m = measure_alignment(rollout, trainer, tally_routing(recorded, natural))
     assert m.tokens >= 40
     assert m.pearson_r >= 0.9999
     assert m.abs_dlogp_p99 <= 1e-3
@@ -89,7 +89,7 @@ def test_misaligned_replay_is_detected(tiny_model_dir: Path, claimed: list[Sampl
         for s in claimed
     ]
     rollout, trainer, recorded, natural = _recompute(tiny_model_dir, shifted, replay=True)
-    m = measure_alignment(rollout, trainer, recorded, natural)
+    m = measure_alignment(rollout, trainer, tally_routing(recorded, natural))
     assert m.expert_overlap is not None
     assert m.expert_overlap < 0.6
     assert m.top1_agreement is not None
