@@ -2,8 +2,9 @@
 
 Owns ``run(config, export, weights)`` (rank 0, or the one process), ``follow(config,
 world)`` (every other data-parallel rank), ``prepare`` (the policy, optimizer and reference,
-equal on every rank), one step's optimisation ``optimize(...)``, and the command line ``python -m trainer_bridge.train --model-path ... --proxy-url ... --admin-key
-... --run-id ... --backend-url ... [--lr 1e-4 --steps 5 ...]`` (flags: ``TrainConfig``).
+equal on every rank), one step's optimisation ``optimize(...)``, and the command line
+``python -m trainer_bridge.train --model-path ... --proxy-url ... --admin-key ... --run-id
+... --backend-url ... [--lr 1e-4 --steps 5 ...]`` (flags: ``TrainConfig``).
 
 One step, top to bottom:
 1. claim complete groups until ``groups_per_step`` are held (polling; ``max_wait_s``
