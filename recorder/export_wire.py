@@ -134,6 +134,7 @@ class Trajectory:
     excluded: bool
     segments: tuple[Segment, ...]
     reward_details: Mapping[str, object] | None = None
+    stages: StageTimes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,6 +420,7 @@ class _TrajectoryWire(_Wire):
     reward: float | list[float] | None = None
     reward_details: dict[str, Any] | None = None
     excluded: bool = False
+    stages: dict[str, float] | None = None
     segments: list[_SegmentWire]
 
 
@@ -506,6 +508,7 @@ def decode_trajectory(body: bytes) -> Trajectory:
         excluded=wire.excluded,
         segments=tuple(_segment(seg, None) for seg in wire.segments),
         reward_details=wire.reward_details,
+        stages=_stages(wire.stages),
     )
 
 
@@ -549,12 +552,14 @@ def _sample(wire: _SampleWire, payload: memoryview | None) -> ClaimedSample:
         termination=wire.termination,
         segments=tuple(_segment(seg, payload) for seg in wire.segments),
         reward_details=wire.reward_details,
-        # A stage a newer server knows and this decoder does not is ignored, like a field.
-        stages=None
-        if wire.stages is None
-        else StageTimes.of({k: v for k, v in wire.stages.items() if k in STAGES}),
+        stages=_stages(wire.stages),
         defense_events=tuple(DefenseEvent.of(e.model_dump()) for e in wire.defense_events),
     )
+
+
+def _stages(wire: dict[str, float] | None) -> StageTimes | None:
+    # A stage a newer server knows and this decoder does not is ignored, like a field.
+    return None if wire is None else StageTimes.of({k: v for k, v in wire.items() if k in STAGES})
 
 
 def _segment(wire: _SegmentWire, payload: memoryview | None) -> Segment:

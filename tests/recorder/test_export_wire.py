@@ -385,6 +385,7 @@ def trajectory_body(wire: str, **changes: object) -> bytes:
         "reward": 1.0,
         "reward_details": {"tests": [{"id": "t", "passed": True}]},
         "excluded": False,
+        "stages": {"agent_execution": 31.5, "verification": 2.0, "a_later_stage": 1.0},
         "schema_version": SCHEMA_VERSION,
         "format": wire,
         "turns": [{"id": "t1"}],
@@ -406,6 +407,7 @@ def test_a_trajectory_round_trips_in_both_of_its_forms(wire: str) -> None:
     outcome = (got.status, got.termination, got.reward, got.excluded)
     assert outcome == ("finished", "completed", 1.0, False)
     assert got.reward_details == {"tests": [{"id": "t", "passed": True}]}
+    assert got.stages == StageTimes(agent_execution=31.5, verification=2.0)
     sent = (segment(), segment(6, experts=np.uint16, base=300))
     assert len(got.segments) == len(sent)
     for decoded, want in zip(got.segments, sent, strict=True):
