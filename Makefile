@@ -1,7 +1,7 @@
 # An index of the project's commands; CI calls the same targets.
 PY ?= python3
 
-.PHONY: install real-models demo test test-all test-harness harness-install lint typecheck check bench serve engine
+.PHONY: install real-models demo test test-all test-harness harness-install test-verl lint typecheck check bench serve engine
 
 install:  ## torch first, pinned to the CPU wheel on disk, so pip never pulls a CUDA build
 	$(PY) -m pip install -q torch==2.13.0
@@ -28,6 +28,9 @@ test-harness: install harness-install  ## Claude Code, OpenCode, Codex, OpenHand
 	$(PY) -m pytest -q -rs -m harness tests/harness
 	$(PY) -m pytest -q -rs -rP -m harness tests/rollouts  # -rP: each harness's scenario table and Table 4
 	$(PY) -m pytest -q -rs -rP -m harness tests/loop  # -rP: the closed loop's report, phase by phase
+
+test-verl: install  ## verl_bridge inside the real verl 0.9.1 (its own venv, ~/.cache/lego-proxy/verl-venv)
+	$$(PY=$(PY) bash tests/verl_bridge/install.sh) -m pytest -q -rs tests/verl_bridge
 
 lint:  ## ruff, lint and format, over everything
 	ruff check . && ruff format --check .

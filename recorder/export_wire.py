@@ -33,6 +33,13 @@ Forms (``FORMATS``), each carrying the same values, under ``SCHEMA_VERSION``:
   server failed mid-stream) or runs on is unusable. Decoded ``binv1`` arrays in their
   dtype are read-only views of the body, not copies.
 
+One session alone: ``GET /api/v1/sessions/{id}/trajectory`` (``proxy.routes.control``)
+carries the session's fields, its turns and its segments, each segment in ``json`` or
+``b64v1`` form (``TRAJECTORY_FORMATS``; ``?format=``), under the same ``SCHEMA_VERSION``
+(added in version 1; a body without it is version 1). ``decode_trajectory(body)`` reads
+it into a ``Trajectory``: what a trainer that takes sessions one at a time, as they
+finish, needs (verl's agent loop, ``verl_bridge``), instead of claiming complete groups.
+
 Encoders: ``segment_json`` (one segment, also the trajectory route's), ``claim_json`` (a
 whole ``json``/``b64v1`` claim as a JSON-ready dict, arrays left as numpy for orjson's
 ``OPT_SERIALIZE_NUMPY``; ``claim_body`` the same from a head and samples already encoded
@@ -69,6 +76,7 @@ from recorder.records import STAGES, DefenseEvent, StageTimes
 SCHEMA_VERSION = 1
 COMPACT_FORMATS = ("b64v1", "binv1")
 FORMATS = ("json", *COMPACT_FORMATS)
+TRAJECTORY_FORMATS = ("json", "b64v1")  # a trajectory is one JSON document: no binv1
 MAGIC = b"LEGOBIN1"
 MEDIA_TYPE = "application/x-lego-binv1"
 ALIGN = 8
@@ -104,6 +112,29 @@ class ClaimedSample:
     reward_details: Mapping[str, object] | None = None
     stages: StageTimes | None = None
     defense_events: tuple[DefenseEvent, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """One session as the trajectory route gives it: its outcome and its segments.
+
+    ``excluded`` is the server's word on whether its termination keeps it out of
+    optimization (``recorder.records.EXCLUDED_TERMINATIONS``); ``reward`` is None for
+    those, and for a session not finished yet (``status`` says which)."""
+
+    session_id: str
+    run_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    purpose: str
+    status: str
+    termination: str | None
+    reward: Reward
+    excluded: bool
+    segments: tuple[Segment, ...]
+    reward_details: Mapping[str, object] | None = None
+    stages: StageTimes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +193,9 @@ _ARRAY_KEYS = ("tokens", "loss_mask", "logprobs", "routed_experts")
 _WIRE_EXPERT_DTYPES = {"uint8": "|u1", "uint16": "<u2", "int32": "<i4"}
 
 
-def check_format(wire: str) -> str:
-    if wire not in FORMATS:
-        raise InvalidRequest(f"format must be one of {list(FORMATS)}", param="format")
+def check_format(wire: str, allowed: Sequence[str] = FORMATS) -> str:
+    if wire not in allowed:
+        raise InvalidRequest(f"format must be one of {list(allowed)}", param="format")
     return wire
 
 
@@ -376,6 +407,23 @@ class _SampleWire(_Wire):
     segments: list[_SegmentWire]
 
 
+class _TrajectoryWire(_Wire):
+    schema_version: int = SCHEMA_VERSION
+    id: str
+    run_id: str
+    task_id: str
+    group_id: str
+    sample_index: int = 0
+    purpose: str = "train"
+    status: str
+    termination: str | None = None
+    reward: float | list[float] | None = None
+    reward_details: dict[str, Any] | None = None
+    excluded: bool = False
+    stages: dict[str, float] | None = None
+    segments: list[_SegmentWire]
+
+
 class _GroupWire(_Wire):
     group_id: str
     task_id: str = ""
@@ -439,6 +487,31 @@ def decode_claim(body: bytes) -> ClaimedBatch:
     return _batch(wire, groups)
 
 
+def decode_trajectory(body: bytes) -> Trajectory:
+    """The trajectory route's body (either form); ``InvalidRequest`` if it is unusable."""
+    try:
+        wire = _TrajectoryWire.model_validate_json(body)
+    except ValidationError as exc:
+        raise InvalidRequest(f"unusable trajectory: {exc.errors()[0]['msg']}") from exc
+    if wire.schema_version != SCHEMA_VERSION:
+        raise InvalidRequest(f"trajectory schema_version {wire.schema_version} is not supported")
+    return Trajectory(
+        session_id=wire.id,
+        run_id=wire.run_id,
+        task_id=wire.task_id,
+        group_id=wire.group_id,
+        sample_index=wire.sample_index,
+        purpose=wire.purpose,
+        status=wire.status,
+        termination=wire.termination,
+        reward=tuple(wire.reward) if isinstance(wire.reward, list) else wire.reward,
+        excluded=wire.excluded,
+        segments=tuple(_segment(seg, None) for seg in wire.segments),
+        reward_details=wire.reward_details,
+        stages=_stages(wire.stages),
+    )
+
+
 def _decode_binv1(body: bytes) -> ClaimedBatch:
     frames = _Frames(memoryview(body))
     head, _ = frames.next(_BatchFrameWire)
@@ -479,12 +552,14 @@ def _sample(wire: _SampleWire, payload: memoryview | None) -> ClaimedSample:
         termination=wire.termination,
         segments=tuple(_segment(seg, payload) for seg in wire.segments),
         reward_details=wire.reward_details,
-        # A stage a newer server knows and this decoder does not is ignored, like a field.
-        stages=None
-        if wire.stages is None
-        else StageTimes.of({k: v for k, v in wire.stages.items() if k in STAGES}),
+        stages=_stages(wire.stages),
         defense_events=tuple(DefenseEvent.of(e.model_dump()) for e in wire.defense_events),
     )
+
+
+def _stages(wire: dict[str, float] | None) -> StageTimes | None:
+    # A stage a newer server knows and this decoder does not is ignored, like a field.
+    return None if wire is None else StageTimes.of({k: v for k, v in wire.items() if k in STAGES})
 
 
 def _segment(wire: _SegmentWire, payload: memoryview | None) -> Segment:

@@ -21,7 +21,12 @@ most ``MAX_EVENT_BYTES`` of JSON, storable as ``reward_details`` is. Every sessi
     POST /api/v1/runs/{run_id}/groups/{group_id}/close                        -> group
     POST /api/v1/sessions/{id}/finish          {"termination", "reward", ...} -> session
     GET  /api/v1/sessions/{id}                                                -> session
-    GET  /api/v1/sessions/{id}/trajectory                                     -> segments
+    GET  /api/v1/sessions/{id}/trajectory?format=json|b64v1                   -> segments
+
+The trajectory is the session's JSON with ``turns``, ``segments`` (each in the ``format``
+asked for: ``json`` numbers by default, or ``b64v1``'s base64 arrays, far smaller for
+routed experts), ``events``, and the export wire's ``schema_version``;
+``recorder.export_wire.decode_trajectory`` reads it.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from proxy.routes.admin_api import (
 from proxy.sampling_rules import SamplingSeed, TopK
 from proxy.settings import Settings
 from proxy.state import AppState
-from recorder.export_wire import segment_json
+from recorder.export_wire import SCHEMA_VERSION, TRAJECTORY_FORMATS, check_format, segment_json
 from recorder.records import STAGES, DefenseEvent, SessionSpec, StageTimes, Termination
 from recorder.rows import SideRequests
 from recorder.trajectory import build_segments
@@ -294,12 +299,15 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
         return session_json(session, public_url)
 
     async def trajectory(state: AppState, request: Request) -> object:
+        wire = check_format(request.query_params.get("format", "json"), TRAJECTORY_FORMATS)
         await flushed(state)
         session = await state.store.get_session(request.path_params["session_id"])
         turns = await state.store.list_turns(session.id)
         relabelled_by = SideRequests.of((t.id, t.side_requests) for t in turns).named_by
         return {
             **session_json(session, public_url),
+            "schema_version": SCHEMA_VERSION,
+            "format": wire,
             "turns": [
                 {
                     "id": t.id,
@@ -322,7 +330,7 @@ def build_router(settings: Settings, render_error: ErrorRenderer) -> APIRouter:
                 }
                 for t in turns
             ],
-            "segments": [segment_json(s) for s in build_segments(turns)],
+            "segments": [segment_json(s, wire) for s in build_segments(turns)],
             # Departures from token-exact continuation, so none of them goes unseen.
             "events": [
                 {

@@ -10,10 +10,12 @@ import uuid
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from recorder.export_wire import SCHEMA_VERSION, decode_trajectory
 from tests.proxy.conftest import DEFAULT_REPLY, Proxy
 
 ENVELOPE_FIELDS = {"message", "type", "param", "code"}
@@ -313,6 +315,29 @@ def test_session_json_and_base_urls_work_with_the_sdk(proxy: Proxy) -> None:
         assert reply.choices[0].message.content == DEFAULT_REPLY
     fetched = proxy.admin.get(f"/api/v1/sessions/{session['id']}").raise_for_status().json()
     assert fetched["turn_count"] == 2
+
+
+def test_the_trajectory_comes_in_json_or_b64v1_and_decodes_the_same(proxy: Proxy) -> None:
+    session = proxy.new_session()
+    client = openai.OpenAI(base_url=session["openai_base_url"], api_key="unused", max_retries=0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    route = f"/api/v1/sessions/{session['id']}/trajectory"
+
+    plain, compact = (
+        proxy.admin.get(route, params={"format": wire}).raise_for_status()
+        for wire in ("json", "b64v1")
+    )
+
+    assert plain.json()["schema_version"] == compact.json()["schema_version"] == SCHEMA_VERSION
+    assert isinstance(compact.json()["segments"][0]["tokens"]["data"], str)  # base64
+    got_plain, got_compact = decode_trajectory(plain.content), decode_trajectory(compact.content)
+    assert got_plain.session_id == got_compact.session_id == session["id"]
+    (one,), (other,) = got_plain.segments, got_compact.segments
+    for name in ("tokens", "loss_mask", "logprobs", "routed_experts"):
+        np.testing.assert_array_equal(getattr(one, name), getattr(other, name))
+    assert int(one.loss_mask.sum()) == plain.json()["turns"][0]["completion_tokens"]
+    error = error_of(proxy.admin.get(route, params={"format": "binv1"}), 400)
+    assert error["param"] == "format"
 
 
 # -- health, metrics, unknown routes --------------------------------------------------------

@@ -24,6 +24,7 @@ from recorder.export_wire import (
     FORMATS,
     MAGIC,
     SCHEMA_VERSION,
+    TRAJECTORY_FORMATS,
     BatchHead,
     ClaimedBatch,
     ClaimedGroup,
@@ -32,9 +33,11 @@ from recorder.export_wire import (
     Segment,
     binv1_head,
     binv1_sample,
+    check_format,
     claim_body,
     claim_json,
     decode_claim,
+    decode_trajectory,
     encode_claim,
     encode_frame,
     sample_json,
@@ -363,3 +366,86 @@ def test_a_claim_body_from_samples_encoded_one_by_one_is_the_whole_claim() -> No
     )
     with pytest.raises(RecorderError):
         claim_body(sent.head, samples[:-1])
+
+
+# -- one session's trajectory ---------------------------------------------------------------
+
+
+def trajectory_body(wire: str, **changes: object) -> bytes:
+    """What the trajectory route sends (``proxy.routes.control``), its turns left out."""
+    body: dict[str, object] = {
+        "id": "s1",
+        "run_id": "r1",
+        "task_id": "task-a",
+        "group_id": "g1",
+        "sample_index": 3,
+        "purpose": "train",
+        "status": "finished",
+        "termination": "completed",
+        "reward": 1.0,
+        "reward_details": {"tests": [{"id": "t", "passed": True}]},
+        "excluded": False,
+        "stages": {"agent_execution": 31.5, "verification": 2.0, "a_later_stage": 1.0},
+        "schema_version": SCHEMA_VERSION,
+        "format": wire,
+        "turns": [{"id": "t1"}],
+        "segments": [
+            segment_json(segment(), wire),
+            segment_json(segment(6, experts=np.uint16, base=300), wire),
+        ],
+        "events": [],
+    }
+    return orjson.dumps({**body, **changes})
+
+
+@pytest.mark.parametrize("wire", TRAJECTORY_FORMATS)
+def test_a_trajectory_round_trips_in_both_of_its_forms(wire: str) -> None:
+    got = decode_trajectory(trajectory_body(wire))
+
+    fields = (got.session_id, got.run_id, got.task_id, got.group_id, got.sample_index)
+    assert fields == ("s1", "r1", "task-a", "g1", 3)
+    outcome = (got.status, got.termination, got.reward, got.excluded)
+    assert outcome == ("finished", "completed", 1.0, False)
+    assert got.reward_details == {"tests": [{"id": "t", "passed": True}]}
+    assert got.stages == StageTimes(agent_execution=31.5, verification=2.0)
+    sent = (segment(), segment(6, experts=np.uint16, base=300))
+    assert len(got.segments) == len(sent)
+    for decoded, want in zip(got.segments, sent, strict=True):
+        assert_same_segment(decoded, want, wire)
+
+
+def test_an_excluded_or_vector_rewarded_trajectory_and_an_older_body_decode() -> None:
+    excluded = decode_trajectory(
+        trajectory_body("json", termination="harness_error", reward=None, excluded=True)
+    )
+    assert (excluded.excluded, excluded.reward) == (True, None)
+    vector = decode_trajectory(trajectory_body("b64v1", reward=[0.5, -1.0]))
+    assert vector.reward == (0.5, -1.0)
+    older = orjson.loads(trajectory_body("json"))
+    del older["schema_version"], older["format"]  # what a server before version 1's field sent
+    assert len(decode_trajectory(orjson.dumps(older)).segments) == 2
+
+
+def test_binv1_is_not_a_trajectory_form() -> None:
+    with pytest.raises(InvalidRequest, match="format"):
+        check_format("binv1", TRAJECTORY_FORMATS)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        trajectory_body("json", schema_version=SCHEMA_VERSION + 1),
+        trajectory_body("json", segments=[{**JSON_SEGMENT, "logprobs": [0.0]}]),
+        trajectory_body("json", segments=[{**JSON_SEGMENT, "routed_experts": [[[1]]]}]),
+        trajectory_body(
+            "json",
+            segments=[{**JSON_SEGMENT, "tokens": {"dtype": "<i4", "shape": [2], "offset": 0}}],
+        ),
+        orjson.dumps({"id": "s1", "segments": []}),  # not a session
+        b"[]",
+    ],
+    ids=["schema-version", "misaligned", "routing-rows", "reference", "not-a-session", "garbage"],
+)
+def test_unusable_trajectories_are_refused(body: bytes) -> None:
+    with pytest.raises(InvalidRequest):
+        decode_trajectory(body)
