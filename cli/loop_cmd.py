@@ -16,33 +16,28 @@ the loop watches its steps). docs/loop.md describes each phase.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from contextlib import ExitStack
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from cli.rollout_cmd import default_harness_dir, proxy_host_port, select_tasks
+from cli.rollout_cmd import (
+    harness_dir_of,
+    positive,
+    print_progress,
+    select_tasks,
+    trial_function,
+)
 from kernel.errors import ConfigurationError
 from loop.collapse import DEFAULT_RULES, CollapseRule, parse_rule
 from loop.orchestrator import LoopConfig, LoopParts, Train, run_loop
 from loop.stack import Endpoints, embedded_stack
 from loop.trainers import external_trainer, local_trainer
 from rollouts.control import ControlClient
-from rollouts.harnesses import HARNESSES, Endpoint
-from rollouts.stages import Stopwatch
-from rollouts.trial import TrialResult, TrialSetup, proxy_route, run_trial
+from rollouts.harnesses import HARNESSES
 from sandbox.backends import BACKENDS, make_sandbox
 from tasks.spec import Task
 from trainer_bridge.config import TrainConfig
-
-
-def _positive(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
-    return number
 
 
 def _not_negative(value: str) -> int:
@@ -72,8 +67,8 @@ def add_parser(commands: Any) -> None:
     data.add_argument("--cache", type=Path, default=None, help="default: POOL/.cache")
     work = parser.add_argument_group("rollouts")
     work.add_argument("--harness", required=True, choices=HARNESSES)
-    work.add_argument("--group-size", required=True, type=_positive)
-    work.add_argument("--concurrency", type=_positive, default=1, help="trials at a time")
+    work.add_argument("--group-size", required=True, type=positive)
+    work.add_argument("--concurrency", type=positive, default=1, help="trials at a time")
     work.add_argument("--sandbox", choices=BACKENDS, default="bwrap")
     work.add_argument("--sandbox-image", default=None, help="podman/docker: the trial image")
     work.add_argument("--harness-dir", type=Path, default=None, help="the installed CLIs")
@@ -84,15 +79,15 @@ def add_parser(commands: Any) -> None:
         help="trials of the validation run (0: none)",
     )
     train = parser.add_argument_group("training")
-    train.add_argument("--steps", required=True, type=_positive, help="trainer steps")
-    train.add_argument("--validate-every", type=_positive, default=None, help="K steps")
+    train.add_argument("--steps", required=True, type=positive, help="trainer steps")
+    train.add_argument("--validate-every", type=positive, default=None, help="K steps")
     train.add_argument("--validation-temperature", type=_temperature, default=0.7)
     train.add_argument(
         "--max-staleness", type=_not_negative, default=1, help="epochs ahead of the trainer"
     )
     train.add_argument(
         "--set-aside-after",
-        type=_positive,
+        type=positive,
         default=None,
         help="set aside tasks at 0/N or N/N for the last E epochs (default: never)",
     )
@@ -106,7 +101,7 @@ def add_parser(commands: Any) -> None:
         + ")",
     )
     train.add_argument("--on-collapse", choices=("stop", "pause"), default="stop")
-    train.add_argument("--groups-per-step", type=_positive, default=None, help="default: tasks")
+    train.add_argument("--groups-per-step", type=positive, default=None, help="default: tasks")
     train.add_argument("--lr", type=float, default=1e-6)
     train.add_argument("--kl-coef", type=float, default=1e-3)
     where = parser.add_argument_group("components (default: the embedded stack in --data-dir)")
@@ -130,11 +125,7 @@ def collapse_rules(values: list[str] | None) -> tuple[CollapseRule, ...]:
 
 
 def run(args: argparse.Namespace) -> None:
-    harness_dir: Path = args.harness_dir or default_harness_dir()
-    if not (harness_dir / "npm").is_dir() and not (harness_dir / "py312").is_dir():
-        raise ConfigurationError(
-            f"no harness CLIs in {harness_dir}: run `make harness-install` or pass --harness-dir"
-        )
+    harness_dir = harness_dir_of(args.harness_dir)
     rules = collapse_rules(args.collapse)
     with ExitStack() as stack:
         if args.proxy_url is None:
@@ -158,17 +149,6 @@ def run(args: argparse.Namespace) -> None:
         held_out: list[Task] = []
         if args.held_out is not None:
             held_out = select_tasks(args.held_out, args.held_out / ".cache", sandbox)
-        scratch = cache / "trials"
-        scratch.mkdir(parents=True, exist_ok=True)
-        host, port = proxy_host_port(endpoints.proxy_url)
-        setup = TrialSetup(
-            sandbox=sandbox,
-            grader_sandbox=sandbox,
-            cache_dir=cache,
-            scratch_dir=scratch,
-            runtime_dir=harness_dir.resolve(),
-            proxy=proxy_route(host, port),
-        )
         config = LoopConfig(
             run_id=run_id,
             harness=args.harness,
@@ -185,11 +165,11 @@ def run(args: argparse.Namespace) -> None:
         )
         parts = LoopParts(
             control=control,
-            trial=partial(_trial, setup=setup),
+            trial=trial_function(sandbox, cache, harness_dir, endpoints.proxy_url),
             tasks=tasks,
             held_out=held_out,
             train=_trainer(args, endpoints, run_id, control, len(tasks), args.data_dir),
-            progress=_progress,
+            progress=print_progress,
         )
         result = run_loop(config, parts)
         print(result.render(), flush=True)
@@ -223,13 +203,3 @@ def _trainer(
         kl_coef=args.kl_coef,
     )
     return local_trainer(config)
-
-
-def _trial(
-    task: Task, harness: str, endpoint: Endpoint, watch: Stopwatch, *, setup: TrialSetup
-) -> TrialResult:
-    return run_trial(task, harness, endpoint, setup, watch)
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)

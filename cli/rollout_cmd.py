@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from kernel.errors import ConfigurationError
 from rollouts.control import ControlClient
 from rollouts.harnesses import HARNESSES, Endpoint
-from rollouts.runner import RolloutConfig, run_rollout
+from rollouts.runner import RolloutConfig, Trial, run_rollout
 from rollouts.stages import Stopwatch
 from rollouts.summary import Summary
 from rollouts.trial import TrialResult, TrialSetup, proxy_route, run_trial
@@ -43,11 +43,43 @@ def default_harness_dir() -> Path:
     return Path(base) / "lego-proxy" / "harness"
 
 
-def _positive(value: str) -> int:
+def positive(value: str) -> int:
+    """An argparse type: an integer of at least 1."""
     number = int(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
     return number
+
+
+def harness_dir_of(given: Path | None) -> Path:
+    """The harness CLIs' directory (``--harness-dir`` or the install's), checked."""
+    harness_dir = given or default_harness_dir()
+    if not (harness_dir / "npm").is_dir() and not (harness_dir / "py312").is_dir():
+        raise ConfigurationError(
+            f"no harness CLIs in {harness_dir}: run `make harness-install` or pass --harness-dir"
+        )
+    return harness_dir
+
+
+def trial_function(sandbox: Sandbox, cache: Path, harness_dir: Path, proxy_url: str) -> Trial:
+    """``rollouts.trial.run_trial`` bound to one setup: trials in ``sandbox`` reaching the
+    proxy at ``proxy_url``, images and scratch space under ``cache``."""
+    host, port = proxy_host_port(proxy_url)
+    scratch = cache / "trials"
+    scratch.mkdir(parents=True, exist_ok=True)
+    setup = TrialSetup(
+        sandbox=sandbox,
+        grader_sandbox=sandbox,
+        cache_dir=cache,
+        scratch_dir=scratch,
+        runtime_dir=harness_dir.resolve(),
+        proxy=proxy_route(host, port),
+    )
+    return partial(_trial, setup=setup)
+
+
+def print_progress(line: str) -> None:
+    print(line, file=sys.stdout, flush=True)
 
 
 def add_parser(commands: Any) -> None:
@@ -67,8 +99,8 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--run-id", required=True, help="an existing run (POST /api/v1/runs)")
     parser.add_argument("--tasks", required=True, type=Path, help="the pool: POOL/<task_id>/")
     parser.add_argument("--harness", required=True, choices=HARNESSES)
-    parser.add_argument("--group-size", required=True, type=_positive, help="samples per task")
-    parser.add_argument("--concurrency", type=_positive, default=1, help="trials at a time")
+    parser.add_argument("--group-size", required=True, type=positive, help="samples per task")
+    parser.add_argument("--concurrency", type=positive, default=1, help="trials at a time")
     parser.add_argument("--sandbox", choices=BACKENDS, default="bwrap")
     parser.add_argument(
         "--sandbox-image",
@@ -76,7 +108,7 @@ def add_parser(commands: Any) -> None:
         help="podman/docker: the image the trials run in (it must hold the task's toolchain "
         "and what the harness needs, e.g. node; bwrap uses the host's /usr)",
     )
-    parser.add_argument("--epochs", type=_positive, default=1, help="passes over the pool")
+    parser.add_argument("--epochs", type=positive, default=1, help="passes over the pool")
     parser.add_argument(
         "--harness-dir",
         type=Path,
@@ -110,12 +142,8 @@ def select_tasks(pool_dir: Path, cache: Path, sandbox: Sandbox) -> list[Task]:
 def run(args: argparse.Namespace) -> None:
     if not args.admin_key:
         raise ConfigurationError("--admin-key (or LEGO_ADMIN_KEY) is required")
-    harness_dir: Path = args.harness_dir or default_harness_dir()
-    if not (harness_dir / "npm").is_dir() and not (harness_dir / "py312").is_dir():
-        raise ConfigurationError(
-            f"no harness CLIs in {harness_dir}: run `make harness-install` or pass --harness-dir"
-        )
-    host, port = proxy_host_port(args.proxy_url)
+    harness_dir = harness_dir_of(args.harness_dir)
+    proxy_host_port(args.proxy_url)  # a wrong URL is refused before anything is built
     cache: Path = args.cache or args.tasks / ".cache"
     config = RolloutConfig(
         run_id=args.run_id,
@@ -128,18 +156,9 @@ def run(args: argparse.Namespace) -> None:
     with ControlClient(args.proxy_url, args.admin_key) as control:
         control.check_run(config.run_id)  # before any image is built
         tasks = select_tasks(args.tasks, cache, sandbox)
-        scratch = cache / "trials"
-        scratch.mkdir(parents=True, exist_ok=True)
-        setup = TrialSetup(
-            sandbox=sandbox,
-            grader_sandbox=sandbox,
-            cache_dir=cache,
-            scratch_dir=scratch,
-            runtime_dir=harness_dir.resolve(),
-            proxy=proxy_route(host, port),
-        )
+        trial = trial_function(sandbox, cache, harness_dir, args.proxy_url)
         print(f"{len(tasks)} task(s) x {config.group_size} sample(s) x {config.epochs} epoch(s)")
-        done = run_rollout(control, tasks, config, partial(_trial, setup=setup), _progress)
+        done = run_rollout(control, tasks, config, trial, print_progress)
     print(Summary.of(done).render())
 
 
@@ -147,7 +166,3 @@ def _trial(
     task: Task, harness: str, endpoint: Endpoint, watch: Stopwatch, *, setup: TrialSetup
 ) -> TrialResult:
     return run_trial(task, harness, endpoint, setup, watch)
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)

@@ -72,10 +72,27 @@ def raise_for(response: httpx.Response) -> None:
 
 
 class JsonClient:
-    """One pooled ``httpx.Client``; ``post`` raises the exception tree, never returns errors."""
+    """One pooled ``httpx.Client``; ``get``/``post`` raise the exception tree, never return
+    errors."""
 
-    def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float) -> None:
-        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        timeout_s: float,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
+        try:
+            response = self._http.get(path, params=params)
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(f"GET {path}: {exc}") from exc
+        raise_for(response)
+        return response
 
     def post(self, path: str, body: object) -> httpx.Response:
         try:

@@ -22,20 +22,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Self
 
 import httpx
 from pydantic import JsonValue
 
-from kernel.errors import BackendUnavailable
 from recorder.export_wire import Trajectory, decode_trajectory
 from rollouts.control import ControlClient, Finish, NewSession
 from rollouts.harnesses import Endpoint
 from rollouts.runner import Trial, finish_body
 from rollouts.stages import Stopwatch
 from tasks.spec import Task
-from trainer_bridge.client import raise_for
+from trainer_bridge.client import JsonClient
 
 ABORTED = "aborted"
 
@@ -49,7 +46,7 @@ class Sample:
     sampling: Mapping[str, float] = field(default_factory=dict)  # the session's pins
 
 
-class TrajectoryReader:
+class TrajectoryReader(JsonClient):
     """``GET /api/v1/sessions/{id}/trajectory`` under the admin key, decoded."""
 
     def __init__(
@@ -60,35 +57,12 @@ class TrajectoryReader:
         timeout_s: float = 120.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._http = httpx.Client(
-            base_url=proxy_url.rstrip("/"),
-            headers={"authorization": f"Bearer {admin_key}"},
-            timeout=timeout_s,
-            transport=transport,
-        )
+        headers = {"authorization": f"Bearer {admin_key}"}
+        super().__init__(proxy_url.rstrip("/"), headers, timeout_s, transport)
 
     def read(self, session_id: str) -> Trajectory:
         path = f"/api/v1/sessions/{session_id}/trajectory"
-        try:
-            response = self._http.get(path, params={"format": "b64v1"})
-        except httpx.TransportError as exc:
-            raise BackendUnavailable(f"GET {path}: {exc}") from exc
-        raise_for(response)
-        return decode_trajectory(response.content)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
+        return decode_trajectory(self.get(path, params={"format": "b64v1"}).content)
 
 
 @dataclass(frozen=True, slots=True)

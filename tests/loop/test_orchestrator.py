@@ -19,7 +19,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel.threaded import free_port, serve
 from loop.collapse import parse_rule
 from loop.orchestrator import (
     LoopConfig,
@@ -29,8 +28,6 @@ from loop.orchestrator import (
     StepSeen,
     run_loop,
 )
-from proxy.app import create_app
-from proxy.settings import Settings
 from recorder.export import ExportStore
 from rollouts.control import ControlClient
 from rollouts.harnesses import Endpoint
@@ -40,6 +37,7 @@ from tasks import generated
 from tasks.grading import Expectation, GradeResult, GradeTermination
 from tasks.grading import TestResult as GradedTest
 from tasks.spec import Task, load_task
+from tests.support.control_proxy import control_proxy
 from trainer_bridge.client import ExportClient
 
 ADMIN_KEY = "loop-test-admin-key"
@@ -53,17 +51,9 @@ class Proxy:
 
 @pytest.fixture(scope="module")
 def proxy(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    port = free_port()
-    settings = Settings(
-        port=port,
-        data_dir=tmp_path_factory.mktemp("loop-proxy"),
-        backend_url=f"http://127.0.0.1:{free_port()}",  # no turn is served here
-        tokenizer_path=tiny_model_dir,
-        admin_key=ADMIN_KEY,
-        context_length=4096,
-    )
-    with serve(create_app(settings), port=port) as url:
-        yield Proxy(url, settings.effective_database_url)
+    data_dir = tmp_path_factory.mktemp("loop-proxy")
+    with control_proxy(tiny_model_dir, data_dir, ADMIN_KEY) as (url, database_url):
+        yield Proxy(url, database_url)
 
 
 @pytest.fixture

@@ -11,27 +11,18 @@ import httpx
 import pytest
 
 from cli.main import main
-from kernel.threaded import free_port, serve
 from loop.orchestrator import StepSeen
 from loop.trainers import external_trainer
-from proxy.app import create_app
-from proxy.settings import Settings
 from rollouts.control import ControlClient
+from tests.support.control_proxy import control_proxy
 
 ADMIN_KEY = "loop-trainers-admin-key"
 
 
 @pytest.fixture(scope="module")
 def proxy(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    settings = Settings(
-        port=port,
-        data_dir=tmp_path_factory.mktemp("loop-trainers"),
-        backend_url=f"http://127.0.0.1:{free_port()}",
-        tokenizer_path=tiny_model_dir,
-        admin_key=ADMIN_KEY,
-    )
-    with serve(create_app(settings), port=port) as url:
+    data_dir = tmp_path_factory.mktemp("loop-trainers")
+    with control_proxy(tiny_model_dir, data_dir, ADMIN_KEY) as (url, _):
         yield url
 
 

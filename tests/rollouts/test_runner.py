@@ -16,9 +16,7 @@ import pytest
 
 from cli.main import main
 from kernel.errors import ConfigurationError
-from kernel.threaded import free_port, serve
-from proxy.app import create_app
-from proxy.settings import Settings
+from kernel.threaded import free_port
 from rollouts.control import ControlClient
 from rollouts.harnesses import Endpoint
 from rollouts.runner import RolloutConfig, finish_body, jobs, run_rollout
@@ -29,6 +27,7 @@ from tasks.events import DefenseEvent, DefenseKind
 from tasks.grading import Expectation, GradeResult, GradeTermination
 from tasks.grading import TestResult as GradedTest
 from tasks.spec import Task, load_task
+from tests.support.control_proxy import control_proxy
 
 ADMIN_KEY = "runner-test-admin-key"
 REVERTED = DefenseEvent(DefenseKind.TEST_PATH_REVERTED, "1 file restored", ("tests/t.py",))
@@ -36,16 +35,8 @@ REVERTED = DefenseEvent(DefenseKind.TEST_PATH_REVERTED, "1 file restored", ("tes
 
 @pytest.fixture(scope="module")
 def proxy(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    settings = Settings(
-        port=port,
-        data_dir=tmp_path_factory.mktemp("runner-proxy"),
-        backend_url=f"http://127.0.0.1:{free_port()}",  # no turn is served here
-        tokenizer_path=tiny_model_dir,
-        admin_key=ADMIN_KEY,
-        context_length=4096,
-    )
-    with serve(create_app(settings), port=port) as url:
+    data_dir = tmp_path_factory.mktemp("runner-proxy")
+    with control_proxy(tiny_model_dir, data_dir, ADMIN_KEY) as (url, _):
         yield url
 
 
