@@ -102,7 +102,7 @@ class World:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             grads.append(param.grad)
-        for bucket in _buckets(grads, BUCKET_ELEMENTS):
+        for bucket in gradient_buckets(grads, BUCKET_ELEMENTS):
             flat = torch.cat([g.reshape(-1).to(torch.float32) for g in bucket])
             dist.all_reduce(flat)
             at = 0
@@ -126,7 +126,7 @@ class World:
 SOLO = World()
 
 
-def _buckets(grads: Sequence[torch.Tensor], limit: int) -> Iterator[list[torch.Tensor]]:
+def gradient_buckets(grads: Sequence[torch.Tensor], limit: int) -> Iterator[list[torch.Tensor]]:
     """Consecutive runs of ``grads`` of at most ``limit`` elements (a bigger one alone)."""
     bucket: list[torch.Tensor] = []
     used = 0

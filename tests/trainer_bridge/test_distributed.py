@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from kernel.errors import Unsupported
 from kernel.threaded import free_port
-from trainer_bridge.distributed import SOLO, World, _buckets, joined
+from trainer_bridge.distributed import SOLO, World, gradient_buckets, joined
 
 
 def test_without_torchrun_there_is_one_rank_and_no_process_group(
@@ -42,7 +42,7 @@ def test_data_parallel_runs_on_cpu_or_cuda_only(monkeypatch: pytest.MonkeyPatch)
 
 def test_buckets_are_consecutive_and_bounded() -> None:
     grads = [torch.zeros(n) for n in (3, 4, 10, 2, 2)]
-    sizes = [[g.numel() for g in bucket] for bucket in _buckets(grads, limit=8)]
+    sizes = [[g.numel() for g in bucket] for bucket in gradient_buckets(grads, limit=8)]
     assert sizes == [[3, 4], [10], [2, 2]]
 
 
