@@ -3,7 +3,10 @@
 Owns ``ModelRunner``: loads any HF causal-LM directory with transformers (float32 unless
 ``dtype`` says otherwise: "float32" or "bfloat16"),
 runs ``prefill`` (a whole prompt) and ``decode`` (one token) against a caller-held KV cache
-(so each step costs only its new tokens), and reloads weights in place.
+(so each step costs only its new tokens), and reloads weights in place: from a checkpoint
+directory (``reload``) or from tensors named as a checkpoint names them (``load_named``,
+what a trainer broadcasts; transformers keeps some of them fused in memory, e.g. an MoE
+layer's experts as one ``gate_up_proj``, and converts them as a load from disk would).
 
 Routed experts: a forward hook on every MoE router (a module named ``...layers.N...``
 whose output tuple ends in an integer tensor of top-k expert ids, e.g. transformers'
@@ -20,6 +23,7 @@ thread-safe: one scheduler thread owns a runner.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers.core_model_loading import revert_weight_conversion
 
 from kernel.errors import InvalidRequest
 
@@ -135,3 +140,27 @@ class ModelRunner:
         if isinstance(fresh_gen, GenerationConfig):
             self.model.generation_config = fresh_gen
         self.model_path = model_path
+
+    def load_named(self, named: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Load checkpoint-named tensors into the running model; the rest stay as they are.
+
+        Every name and shape is checked before anything changes (the messages are those of
+        SGLang's loader), then the model's own checkpoint view with these tensors in it is
+        loaded the way ``from_pretrained`` loads a directory, minus the disk."""
+        current = revert_weight_conversion(self.model, self.model.state_dict())
+        for name, tensor in named:
+            if name not in current:
+                raise InvalidRequest(
+                    f"Parameter {name} not found in params_dict (names are the checkpoint's, "
+                    f"e.g. {next(iter(current))})"
+                )
+            if tensor.shape != current[name].shape:
+                raise InvalidRequest(
+                    f"Attempted to load weight ({tensor.size()}) into parameter "
+                    f"({current[name].size()})"
+                )
+        merged = {**current, **dict(named)}
+        fresh = type(self.model).from_pretrained(
+            None, config=self.model.config, state_dict=merged, dtype=self.dtype
+        )
+        self.model.load_state_dict(fresh.state_dict(), strict=True)
