@@ -133,17 +133,15 @@ class WeightGroup:
             )
         if not address.group_name:
             raise InvalidRequest("Group name cannot be empty")
-        timeout = timedelta(seconds=timeout_s)
-        url = f"tcp://{address.master_address}:{address.master_port}"
         try:
-            store, rank, size = next(rendezvous(url, rank, address.world_size, timeout=timeout))
-            store.set_timeout(timeout)
-            name = address.group_name
-            scoped = PrefixStore(f"{device}/", PrefixStore(f"{name}/", PrefixStore(name, store)))
-            backend = _backend(address.backend, scoped, rank, size, timeout)
+            backend, store = _connect(address, device, rank, timedelta(seconds=timeout_s))
         except (RuntimeError, ValueError) as exc:  # torch's DistError and store errors
-            raise WeightGroupFailed(str(exc)) from exc
-        return cls(address, rank, backend, store)
+            failure = str(exc).splitlines()[0]  # torch appends its C++ stack
+        else:
+            return cls(address, rank, backend, store)
+        # Raised out here, the error holds no frame that holds the store: rank 0's store
+        # closes now, so the peers still waiting in it fail at once, not at their timeout.
+        raise WeightGroupFailed(failure)
 
     def broadcast(self, tensors: Sequence[torch.Tensor]) -> None:
         """Rank 0 sends ``tensors``; every other rank receives into its own."""
@@ -156,7 +154,7 @@ class WeightGroup:
             for work in works:
                 work.wait()
         except RuntimeError as exc:
-            raise WeightGroupFailed(str(exc)) from exc
+            raise WeightGroupFailed(str(exc).splitlines()[0]) from exc
 
     def close(self) -> None:
         """Leave the group; its connections close once nothing else holds it."""
@@ -164,6 +162,15 @@ class WeightGroup:
         if backend is not None:
             backend.shutdown()
         self._store = None
+
+
+def _connect(address: GroupAddress, device: str, rank: int, timeout: timedelta) -> tuple[Any, Any]:
+    url = f"tcp://{address.master_address}:{address.master_port}"
+    store, rank, size = next(rendezvous(url, rank, address.world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    name = address.group_name
+    scoped = PrefixStore(f"{device}/", PrefixStore(f"{name}/", PrefixStore(name, store)))
+    return _backend(address.backend, scoped, rank, size, timeout), store
 
 
 def _backend(name: str, store: Any, rank: int, size: int, timeout: timedelta) -> Any:

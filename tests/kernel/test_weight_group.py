@@ -101,6 +101,20 @@ def test_a_peer_that_leaves_fails_a_waiting_broadcast_at_once() -> None:
         trainer.broadcast([torch.ones(1)])
 
 
+def test_a_trainer_that_gives_up_releases_the_peers_already_waiting() -> None:
+    address = _address(3)  # rank 2 never comes
+    began = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        waiting = pool.submit(WeightGroup.join, address, 1, TIMEOUT_S * 3)
+        trainer = pool.submit(WeightGroup.join, address, 0, 2.0)
+        # The trainer's error is still held (as a caller holds it while it waits on the
+        # workers' answers), yet rank 1 is let go: the error keeps no store alive.
+        with pytest.raises(WeightGroupFailed):
+            waiting.result()
+        assert isinstance(trainer.exception(), WeightGroupFailed)
+    assert time.monotonic() - began < TIMEOUT_S / 2  # not rank 1's own timeout
+
+
 def test_nobody_at_the_address_is_a_group_failure() -> None:
     address = _address(2)
     with pytest.raises(WeightGroupFailed):
