@@ -5,8 +5,7 @@ Owns ``ModelRunner``: loads any HF causal-LM directory with transformers (float3
 runs ``prefill`` (a whole prompt) and ``decode`` (one token) against a caller-held KV cache
 (so each step costs only its new tokens), and reloads weights in place: from a checkpoint
 directory (``reload``) or from tensors named as a checkpoint names them (``load_named``,
-what a trainer broadcasts; transformers keeps some of them fused in memory, e.g. an MoE
-layer's experts as one ``gate_up_proj``, and converts them as a load from disk would).
+what a trainer broadcasts, copied in place through ``engine.checkpoint_layout``).
 
 Routed experts: a forward hook on every MoE router (a module named ``...layers.N...``
 whose output tuple ends in an integer tensor of top-k expert ids, e.g. transformers'
@@ -32,9 +31,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
-from transformers.core_model_loading import revert_weight_conversion
 
-from kernel.errors import InvalidRequest
+from engine.checkpoint_layout import CheckpointLayout
+from kernel.errors import InvalidRequest, Unsupported
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -73,6 +72,7 @@ class ModelRunner:
         self.vocab_size = int(config.vocab_size)
         self.eos_ids = _eos_ids(self.model)
         self._captured: dict[int, torch.Tensor] = {}
+        self._layout: CheckpointLayout | None = None  # found on the first load_named
         self.supports_routing = self._install_router_hooks() > 0 and self.top_k > 0
 
     def _install_router_hooks(self) -> int:
@@ -142,25 +142,13 @@ class ModelRunner:
         self.model_path = model_path
 
     def load_named(self, named: Sequence[tuple[str, torch.Tensor]]) -> None:
-        """Load checkpoint-named tensors into the running model; the rest stay as they are.
-
-        Every name and shape is checked before anything changes (the messages are those of
-        SGLang's loader), then the model's own checkpoint view with these tensors in it is
-        loaded the way ``from_pretrained`` loads a directory, minus the disk."""
-        current = revert_weight_conversion(self.model, self.model.state_dict())
-        for name, tensor in named:
-            if name not in current:
-                raise InvalidRequest(
-                    f"Parameter {name} not found in params_dict (names are the checkpoint's, "
-                    f"e.g. {next(iter(current))})"
+        """Copy checkpoint-named tensors into the running model, in place; the rest stay
+        as they are. Every name and shape is checked before anything changes."""
+        if self._layout is None:
+            self._layout = CheckpointLayout.of(self.model)
+            if self._layout is None:
+                raise Unsupported(
+                    "this model's checkpoint tensors are not a rearrangement of its "
+                    "parameters; update it from disk"
                 )
-            if tensor.shape != current[name].shape:
-                raise InvalidRequest(
-                    f"Attempted to load weight ({tensor.size()}) into parameter "
-                    f"({current[name].size()})"
-                )
-        merged = {**current, **dict(named)}
-        fresh = type(self.model).from_pretrained(
-            None, config=self.model.config, state_dict=merged, dtype=self.dtype
-        )
-        self.model.load_state_dict(fresh.state_dict(), strict=True)
+        self._layout.load(self.model, named)
