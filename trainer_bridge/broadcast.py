@@ -213,10 +213,13 @@ class Broadcaster:
         return None, {**failures, **culprits}
 
     def _tp_size(self, worker: str) -> int:
+        # SGLang joins rank_offset + tp_rank: data-parallel replicas are refused by its
+        # route, and pipeline stages would take the same ranks.
         info = self._client.get(f"{worker}/server_info").json()
-        if int(info.get("dp_size", 1)) != 1:
-            raise BackendError(f"{worker} runs data-parallel replicas (dp_size > 1)")
-        return int(info.get("tp_size", 1)) * int(info.get("pp_size", 1))
+        for field in ("dp_size", "pp_size"):
+            if int(info.get(field, 1)) != 1:
+                raise BackendError(f"{field} {info[field]}: SGLang's weight group needs 1")
+        return int(info.get("tp_size", 1))
 
     # -- one batch -----------------------------------------------------------------------
 

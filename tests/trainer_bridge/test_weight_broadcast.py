@@ -31,16 +31,17 @@ TIMEOUT_S = 20.0
 PROMPT = list(range(5, 45))
 
 
-def front(upstream: str, *, refuse_updates: bool) -> Starlette:
-    """A worker that forwards to its upstream engine and logs every control call; with
-    ``refuse_updates`` it fails each weight update before receiving anything (as SGLang
-    does outside a session), so the trainer's broadcast to it would wait."""
+def front(upstream: str, *, refuse: str | None = None) -> Starlette:
+    """A worker that forwards to its upstream engine and logs every control call; it fails
+    every call to the route ``refuse`` without forwarding it: for the update, before
+    receiving anything (as SGLang does outside a session), so the trainer's broadcast to
+    it would wait; for the init, without joining, so the group cannot form."""
     client = httpx.AsyncClient(base_url=upstream, timeout=60)
     calls: list[str] = []
 
     async def forward(request: Request) -> Response:
         calls.append(request.url.path)
-        if refuse_updates and request.url.path == "/update_weights_from_distributed":
+        if request.url.path == refuse:
             body = {"success": False, "message": "cannot load weights"}
             return Response(json.dumps(body), status_code=400, media_type="application/json")
         upstream_response = await client.request(
@@ -91,7 +92,7 @@ def version(url: str) -> str:
 
 
 def sync(urls: list[str], **settings: Any) -> WeightSync:
-    group = GroupSettings(timeout_s=TIMEOUT_S, **settings)
+    group = GroupSettings(**{"timeout_s": TIMEOUT_S, **settings})
     return WeightSync(",".join(urls), timeout_s=TIMEOUT_S, group=group)
 
 
@@ -100,7 +101,7 @@ def test_a_broadcast_is_served_by_every_worker_in_sglangs_order(
 ) -> None:
     plain, upstream = engines
     before = prompt_logprobs(plain)
-    logged = front(upstream, refuse_updates=False)
+    logged = front(upstream)
     with serve(logged) as fronted, sync([plain, fronted], bucket_bytes=1 << 20) as weights:
         report = weights.publish_tensors(scaled, "step-1")
         assert report.updated == (plain, fronted)
@@ -136,7 +137,7 @@ def test_a_worker_that_refuses_is_reported_and_the_next_sync_forms_a_new_group(
 ) -> None:
     good, upstream = engines
     before = prompt_logprobs(upstream)
-    refusing = front(upstream, refuse_updates=True)
+    refusing = front(upstream, refuse="/update_weights_from_distributed")
     with serve(refusing) as failing, sync([good, failing]) as weights:
         began = time.monotonic()
         report = weights.publish_tensors(scaled, "step-3")
@@ -161,6 +162,23 @@ def test_a_worker_that_refuses_is_reported_and_the_next_sync_forms_a_new_group(
     assert version(upstream) == "default"
     assert prompt_logprobs(upstream) == before
     assert httpx.get(f"{upstream}/ready").status_code == 200
+
+
+def test_a_worker_that_cannot_join_is_blamed_alone_and_the_group_forms_without_it(
+    engines: list[str], scaled: list[tuple[str, torch.Tensor]]
+) -> None:
+    good, upstream = engines
+    refusing = front(upstream, refuse="/init_weights_update_group")
+    # The trainer waits `timeout_s` for the rank that never comes, then lets the good
+    # worker go (its join fails too, but only after the trainer gave up).
+    with serve(refusing) as failing, sync([good, failing], timeout_s=3.0) as weights:
+        report = weights.publish_tensors(scaled, "step-5")
+    assert report.updated == (good,)
+    ((url, why),) = report.failed
+    assert url == failing
+    assert why.startswith("init: ")
+    assert version(good) == "step-5"
+    assert version(upstream) == "default"
 
 
 def test_buckets_hold_one_dtype_and_keep_the_order() -> None:
