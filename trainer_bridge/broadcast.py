@@ -28,6 +28,8 @@ every rank at once). A broadcast that fails on the trainer's side closes the gro
 no worker waits out its own 30-minute default. If the group cannot form, the workers
 that refused before the trainer gave up are the failed ones (the rest failed only
 because it did), and it forms again without them.
+A worker that fails after an earlier batch holds a mix of weights under its old label:
+the caller takes it out of service like any failed worker.
 """
 
 from __future__ import annotations
