@@ -1,7 +1,8 @@
 """The SGLang-compatible local engine: a small PyTorch/transformers model on the CPU.
 
 It speaks SGLang 0.5.23's native HTTP protocol (``engine.server``: ``/generate``;
-``engine.control``: aborts, health, ``/server_info``, pause, weight updates) and behaves like
+``engine.control``: aborts, health, ``/server_info``, pause, weight updates from disk;
+``engine.distributed``: weights broadcast over a process group) and behaves like
 it on every point the proxy depends on (``reference/sglang-audit.md`` item 7): errors in band
 when streaming and aborts with SGLang's ``status_code`` (``engine.admission``), over-long
 prompts refused rather than clamped, stop string before stop token before length, routed
@@ -29,5 +30,11 @@ Known differences from SGLang 0.5.23:
   engine cannot be asked during, and 503 while shutting down).
 - ``/server_info`` carries the subset of SGLang's fields that clients read (limits,
   feature flags, parallelism, versions), not all of ``ServerArgs``.
+- Weight-update groups are gloo only (the engine is CPU-only; ``nccl``, SGLang's default
+  backend, is refused at once) with one rank per worker (tp 1). An empty group name is a
+  400 (SGLang's assertion would stop its scheduler).
+- ``/update_weights_from_distributed`` checks every name and shape before it changes
+  anything, and refuses names the checkpoint does not have; SGLang's loaders skip unknown
+  names silently and may leave the model partly updated (its message, kept here, says so).
 - Abort, error and info messages use SGLang's wording where a client may read them.
 """

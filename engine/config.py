@@ -30,3 +30,6 @@ class EngineConfig:
     # Precision of the forward pass: "float32" (exact, the default) or "bfloat16" (rollouts
     # in a precision other than the trainer's, for the alignment experiment).
     dtype: str = "float32"
+    # How long a weight-update group waits for its peers (joining, each broadcast). SGLang
+    # has no knob: its groups take torch's default, 30 minutes.
+    weight_group_timeout_s: float = 1800.0

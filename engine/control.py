@@ -3,7 +3,8 @@
 Owns ``register_control(app)``: ``/abort_request``, ``/health``, ``/health_generate``,
 ``/ready`` (503 while paused), ``/model_info`` and ``/server_info`` (with their deprecated
 ``/get_*`` aliases), ``/flush_cache``, ``/pause_generation``, ``/continue_generation``,
-``/update_weights_from_disk`` and ``/update_weight_version``.
+``/update_weights_from_disk`` and ``/update_weight_version``. Weights broadcast over a
+process group have their own routes (``engine.distributed``).
 
 Weight updates follow SGLang's serialisation (``engine.weights``): unless the server is
 paused, ``/update_weights_from_disk`` takes the model-update lock's write side, so it waits
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from contextlib import AbstractAsyncContextManager, nullcontext
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -37,15 +37,6 @@ _PAUSE_POLL_S = 0.05
 def _state(request: Request) -> EngineState:
     state: EngineState = request.app.state.engine
     return state
-
-
-async def _set_weight_version(state: EngineState, version: str | None) -> None:
-    if version is None or version == state.weight_version:
-        return
-    # Requests alive across the change (a retract or in-place pause, or a version update
-    # without abort) keep the old label on what they sampled so far.
-    await asyncio.to_thread(state.backend.note_weight_version, state.weight_version)
-    state.weight_version = version
 
 
 def server_info(state: EngineState) -> dict[str, object]:
@@ -194,18 +185,14 @@ def _register_pause_and_weights(app: FastAPI) -> None:
         state = _state(request)
         if body.abort_all_requests:
             state.backend.abort_all("Abort due to weight update.")
-        paused = not state.resumed.is_set()
-        lock: AbstractAsyncContextManager[None] = (
-            nullcontext() if paused else state.update_lock.writing()
-        )
-        async with lock:
+        async with state.model_update():
             try:
                 await asyncio.to_thread(state.backend.reload, Path(body.model_path))
             except LegoError as exc:
                 result = {"success": False, "message": exc.message, "num_paused_requests": 0}
                 return JSONResponse(result, status_code=400)
             state.model_path = Path(body.model_path)
-            await _set_weight_version(state, body.weight_version)
+            await state.set_weight_version(body.weight_version)
         message = "Succeeded to update model weights."
         if body.weight_version is not None:
             message += f" Weight version updated to {body.weight_version}."
@@ -218,7 +205,7 @@ def _register_pause_and_weights(app: FastAPI) -> None:
         state = _state(request)
         if body.abort_all_requests:
             state.backend.abort_all("Abort due to weight version update.")
-        await _set_weight_version(state, body.new_version)
+        await state.set_weight_version(body.new_version)
         return {
             "success": True,
             "message": f"Weight version updated to {body.new_version}",

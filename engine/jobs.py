@@ -16,15 +16,18 @@ it can report which of its tokens each version sampled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -107,5 +110,8 @@ class Backend(Protocol):
 
     def reload(self, model_path: Path) -> None:
         """Blocking; callers run it off the event loop."""
+
+    def load_weights(self, named: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Load tensors named as a checkpoint names them into the served model; blocking."""
 
     def close(self) -> None: ...

@@ -3,7 +3,9 @@
 Owns ``ModelRunner``: loads any HF causal-LM directory with transformers (float32 unless
 ``dtype`` says otherwise: "float32" or "bfloat16"),
 runs ``prefill`` (a whole prompt) and ``decode`` (one token) against a caller-held KV cache
-(so each step costs only its new tokens), and reloads weights in place.
+(so each step costs only its new tokens), and reloads weights in place: from a checkpoint
+directory (``reload``) or from tensors named as a checkpoint names them (``load_named``,
+what a trainer broadcasts, copied in place through ``engine.checkpoint_layout``).
 
 Routed experts: a forward hook on every MoE router (a module named ``...layers.N...``
 whose output tuple ends in an integer tensor of top-k expert ids, e.g. transformers'
@@ -20,6 +22,7 @@ thread-safe: one scheduler thread owns a runner.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,8 @@ import numpy.typing as npt
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from kernel.errors import InvalidRequest
+from engine.checkpoint_layout import CheckpointLayout
+from kernel.errors import InvalidRequest, Unsupported
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -68,6 +72,7 @@ class ModelRunner:
         self.vocab_size = int(config.vocab_size)
         self.eos_ids = _eos_ids(self.model)
         self._captured: dict[int, torch.Tensor] = {}
+        self._layout: CheckpointLayout | None = None  # found on the first load_named
         self.supports_routing = self._install_router_hooks() > 0 and self.top_k > 0
 
     def _install_router_hooks(self) -> int:
@@ -135,3 +140,15 @@ class ModelRunner:
         if isinstance(fresh_gen, GenerationConfig):
             self.model.generation_config = fresh_gen
         self.model_path = model_path
+
+    def load_named(self, named: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint-named tensors into the running model, in place; the rest stay
+        as they are. Every name and shape is checked before anything changes."""
+        if self._layout is None:
+            self._layout = CheckpointLayout.of(self.model)
+            if self._layout is None:
+                raise Unsupported(
+                    "this model's checkpoint tensors are not a rearrangement of its "
+                    "parameters; update it from disk"
+                )
+        self._layout.load(self.model, named)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -61,6 +61,40 @@ class UpdateWeightsFromDiskBody(_Body):
     weight_version: str | None = None
     abort_all_requests: bool = False
     flush_cache: bool = True
+
+
+class InitWeightsUpdateGroupBody(_Body):
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"  # SGLang's default; the CPU engine takes "gloo" only
+
+
+class DestroyWeightsUpdateGroupBody(_Body):
+    group_name: str = "weight_update_group"
+
+
+class BeginWeightUpdateBody(_Body):
+    selector: Literal["target", "draft", "all"] = "all"
+
+
+class EndWeightUpdateBody(_Body):
+    pass
+
+
+class UpdateWeightsFromDistributedBody(_Body):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: str | None = None  # "flattened_bucket": one broadcast of all the bytes
+    selector: Literal["target", "draft", "all"] = "all"
+    torch_empty_cache: bool = False
 
 
 class UpdateWeightVersionBody(_Body):

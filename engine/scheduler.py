@@ -5,9 +5,10 @@ submitted requests and then gives every due request exactly one decode step, rou
 so concurrent streams all progress. Aborts (``abort``, ``abort_all``, and a running request
 past ``running_timeout_s``, SGLang's ``SGLANG_REQ_RUNNING_TIMEOUT``, which ends with status
 503) are flags read before every step; a frozen scheduler (pause in ``retract``/``in_place``
-mode) keeps its requests and their KV caches but steps none. Weight reloads and
-weight-version notes run on the same thread between steps, so no forward pass ever sees
-half-loaded weights and a version change is pinned to an exact output position.
+mode) keeps its requests and their KV caches but steps none. Weight loads (from disk or
+from received tensors) and weight-version notes run on the same thread between steps, so
+no forward pass ever sees half-loaded weights and a version change is pinned to an exact
+output position.
 
 Finish rules follow SGLang 0.5.23 (``Req.update_finish_state``): stop strings and
 ``stop_regex`` first (matched on the decoded tail of the output, special tokens kept; a
@@ -147,6 +148,9 @@ class Scheduler:
 
     def reload(self, model_path: Path) -> None:
         self._call(lambda: self._runner.reload(model_path))
+
+    def load_weights(self, named: Sequence[tuple[str, torch.Tensor]]) -> None:
+        self._call(lambda: self._runner.load_named(named))
 
     def _call(self, call: Callable[[], None]) -> None:
         """Run ``call`` on the scheduler thread between steps; wait for it."""

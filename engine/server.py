@@ -1,9 +1,10 @@
 """The engine's HTTP server: SGLang's native protocol over a local backend.
 
 Owns ``create_engine_app(config)`` and the ``/generate`` route (POST, PUT); the control
-routes are in ``engine.control``. The lifespan loads the tokenizer and the backend (the
-model ``Scheduler``, or ``ZeroComputeBackend`` with ``zero_compute``) into
-``app.state.engine`` (``engine.state.EngineState``); nothing exists at import time.
+routes are in ``engine.control``, the weight-broadcast routes in ``engine.distributed``. The
+lifespan loads the tokenizer and the backend (the model ``Scheduler``, or
+``ZeroComputeBackend`` with ``zero_compute``) into ``app.state.engine``
+(``engine.state.EngineState``); nothing exists at import time.
 
 A ``/generate`` runs as in SGLang 0.5.23: the schema gate (HTTP 400), then a wait while the
 server is paused, then the model-update lock's read side for the request's whole life, then
@@ -36,6 +37,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from engine.admission import BAD_REQUEST, Limits, Rejected, check_request, scheduler_abort
 from engine.config import EngineConfig
 from engine.control import register_control
+from engine.distributed import register_distributed
 from engine.jobs import (
     Backend,
     ErrorEvent,
@@ -382,10 +384,13 @@ def create_engine_app(config: EngineConfig) -> FastAPI:
             )
             yield
         finally:
+            if hasattr(app.state, "engine"):
+                app.state.engine.update_groups.close_all()
             backend.close()
 
     app = FastAPI(title="lego-proxy local engine", lifespan=lifespan)
     _register_generate(app)
     register_control(app)
+    register_distributed(app)
     _register_errors(app)
     return app

@@ -11,13 +11,18 @@ client cannot tell the payload from a real one by its size.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from engine.jobs import Emit, FinishEvent, FinishReason, GenerationJob, TokenEvent
 from kernel.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    import torch
 
 FIXED_LOGPROB = -0.125
 
@@ -83,6 +88,9 @@ class ZeroComputeBackend:
     def reload(self, model_path: Path) -> None:
         if not (model_path / "config.json").exists():
             raise InvalidRequest(f"Failed to load weights: {model_path} has no config.json")
+
+    def load_weights(self, named: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """There is no model to load them into: received tensors are dropped."""
 
     def close(self) -> None:
         """No resources."""

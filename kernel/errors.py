@@ -16,7 +16,9 @@ The core raises these; nothing returns errors as values. Each wire adapter maps 
     ├── PayloadTooLarge            413  request body over the configured limit
     ├── Overloaded                 429  new turns held back (run paused); retry after a delay
     ├── BackendError               502  the SGLang backend answered with an error
-    │   └── BackendUnavailable     503  the backend cannot be reached
+    │   ├── BackendUnavailable     503  the backend cannot be reached
+    │   └── WeightGroupFailed      502  a weight-update process group did not form, or a
+    │                                   broadcast over it failed (kernel.weight_group)
     ├── BackendMisconfigured       500  a backend worker cannot serve what the proxy needs
     ├── RecorderError              500  the database refused a control-plane write
     │   └── RecorderUnavailable    503  nothing can make a turn durable, or the recorder is
@@ -133,6 +135,13 @@ class BackendError(LegoError):
 class BackendUnavailable(BackendError):
     status = 503
     code = "backend_unavailable"
+
+
+class WeightGroupFailed(BackendError):
+    """A weight-update process group could not be joined, or a broadcast over it failed
+    (a peer unreachable or gone, the timeout); the message is torch's."""
+
+    code = "weight_group_failed"
 
 
 class BackendMisconfigured(LegoError):

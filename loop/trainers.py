@@ -19,7 +19,7 @@ from rollouts.control import ControlClient
 from trainer_bridge.client import ExportClient
 from trainer_bridge.config import TrainConfig
 from trainer_bridge.train import StepReport, run
-from trainer_bridge.weights import WeightSync
+from trainer_bridge.weights import weight_sync_for
 
 
 def step_seen(report: StepReport) -> StepSeen:
@@ -39,7 +39,7 @@ def local_trainer(config: TrainConfig) -> Train:
     def train(after: Callable[[StepSeen], bool], stop: threading.Event) -> None:
         with (
             ExportClient(config.proxy_url, config.admin_key, config.run_id) as export,
-            WeightSync(config.backend_url) as weights,
+            weight_sync_for(config) as weights,
         ):
             run(config, export, weights, after_step=lambda r: after(step_seen(r)), stop=stop)
 

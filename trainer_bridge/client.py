@@ -10,7 +10,9 @@ Owns the trainer's HTTP, nothing else:
   of every replica's rotation after a failed sync), ``announce_weight_version``, and
   ``post_alignment`` metrics.
 - ``JsonClient``: the pooled client both build on (``trainer_bridge.weights`` too);
-  ``raise_for(response)``: an HTTP error status as the exception tree (below).
+  ``raise_for(response)``: an HTTP error status as the exception tree (below);
+  ``on_each(items, call)``: one call per item (a backend worker), all at once, and what
+  went wrong with each.
 
 Errors are raised from ``kernel.errors``: an HTTP error status becomes the ``LegoError``
 subclass carrying that status (401, 403, 404, 409, 413, 400; anything else ``BackendError``
@@ -21,9 +23,10 @@ it as a context manager).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import httpx
 
@@ -48,6 +51,25 @@ _BY_STATUS: dict[int, type[LegoError]] = {
     409: Conflict,
     413: PayloadTooLarge,
 }
+
+
+T = TypeVar("T")
+
+
+def on_each(items: Sequence[T], call: Callable[[T], object]) -> list[tuple[T, str | None]]:
+    """Run ``call`` on every item at once; each item's error message, or None."""
+
+    def attempt(item: T) -> tuple[T, str | None]:
+        try:
+            call(item)
+        except LegoError as exc:
+            return item, exc.message
+        return item, None
+
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=len(items)) as pool:
+        return list(pool.map(attempt, items))
 
 
 def raise_for(response: httpx.Response) -> None:

@@ -14,6 +14,8 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields
 
+from kernel.errors import ConfigurationError
+
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
@@ -24,6 +26,15 @@ class TrainConfig:
     backend_url: str = "http://127.0.0.1:30000"
     output_dir: str = "checkpoints"  # one sub-directory per published weight version
     version_prefix: str = "step-"
+    # Weight sync: "disk" (each worker loads the saved checkpoint) or "distributed" (the
+    # trainer broadcasts the weights to every worker over a process group; trainer_bridge.
+    # broadcast). With "distributed" the checkpoints are written only if save_checkpoints.
+    weight_sync: str = "disk"
+    save_checkpoints: bool = True
+    weight_sync_address: str = "127.0.0.1"  # this trainer, as the workers reach it
+    weight_sync_port: int = 0  # 0: a free port each time the group forms
+    weight_sync_backend: str = "gloo"  # "nccl" when trainer and workers are on GPUs
+    weight_sync_bucket_mb: int = 512
     # Data
     steps: int = 126
     groups_per_step: int = 64
@@ -52,6 +63,18 @@ class TrainConfig:
     # for groups and publishes; a collective that waits longer than this fails the run.
     dist_timeout_s: float = 4 * 3600.0
 
+    def __post_init__(self) -> None:
+        if self.weight_sync not in ("disk", "distributed"):
+            raise ConfigurationError(
+                f"weight_sync must be 'disk' or 'distributed', not {self.weight_sync!r}"
+            )
+        if self.weight_sync == "disk" and not self.save_checkpoints:
+            raise ConfigurationError("a disk weight sync loads the saved checkpoints")
+        if self.weight_sync_backend not in ("gloo", "nccl"):
+            raise ConfigurationError(
+                f"weight_sync_backend must be 'gloo' or 'nccl', not {self.weight_sync_backend!r}"
+            )
+
 
 # What ``--help`` says of each flag (its default is appended).
 _HELP = {
@@ -62,6 +85,12 @@ _HELP = {
     "backend_url": "the SGLang server (or local engine) to publish weights to",
     "output_dir": "where each published weight version is written",
     "version_prefix": "weight versions are named PREFIX + step",
+    "weight_sync": "'disk' (workers load the saved checkpoint) or 'distributed' (broadcast)",
+    "save_checkpoints": "write every published version to output_dir (disk sync needs it)",
+    "weight_sync_address": "this trainer's address as the workers reach it (distributed)",
+    "weight_sync_port": "the weight group's port on this trainer; 0: a free one (distributed)",
+    "weight_sync_backend": "the weight group's backend: gloo (CPU) or nccl (GPU)",
+    "weight_sync_bucket_mb": "most MiB of weights per broadcast batch (distributed)",
     "steps": "optimizer steps to take",
     "groups_per_step": "prompt groups claimed per step",
     "max_staleness": "skip groups sampled more than this many versions ago ('none': any)",

@@ -17,6 +17,9 @@ protocol; ``FrozenReference`` or the null object ``NoReference``) and ``save_che
 - ``save_checkpoint(model, source, target)``: ``save_pretrained`` into a new directory plus
   the source's tokenizer files, so every published version is a complete checkpoint the
   backend can load.
+- ``checkpoint_tensors(model)``: the same weights in memory, named and shaped as the
+  checkpoint has them (what a distributed weight sync sends: SGLang loads checkpoint
+  names, while transformers keeps some tensors fused, e.g. an MoE layer's experts).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, Protocol
 
 import torch
 from transformers import AutoModelForCausalLM
+from transformers.core_model_loading import revert_weight_conversion
 
 from kernel.errors import InvalidRequest, Unsupported
 from trainer_bridge.loss import k3_kl_loss, token_logprobs
@@ -116,3 +120,11 @@ def save_checkpoint(model: torch.nn.Module, source: Path, target: Path) -> Path:
     # Rename last so a backend never sees a half-written checkpoint.
     staging.rename(target)
     return target
+
+
+def checkpoint_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``model``'s weights as ``save_checkpoint`` writes them, without writing them."""
+    converted: Any = model  # transformers' own type stays at this edge
+    # save_pretrained's own conversion back from the in-memory layout.
+    named = revert_weight_conversion(converted, model.state_dict())
+    return [(str(name), tensor.detach()) for name, tensor in named.items()]

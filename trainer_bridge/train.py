@@ -16,7 +16,9 @@ One step, top to bottom:
 5. measure alignment (rollout vs recomputed logprobs; recorded vs trainer routing);
 6. save the weights as a new version; pause the run, sync the weights to every backend
    worker (``trainer_bridge.weights``: pause, flush, update, continue; a worker that fails
-   is reported and taken out), announce the version to the proxy, resume;
+   is reported and taken out), announce the version to the proxy, resume. The update is
+   a checkpoint load (``weight_sync="disk"``) or a broadcast from this process
+   (``"distributed"``, where the checkpoint is optional: ``save_checkpoints``);
 7. post the alignment metrics (flagged or not); ack the step's batches.
 
 The policy is on-policy within a step: the "old" logprobs of GSPO's ratio are the
@@ -64,6 +66,7 @@ from trainer_bridge.policy import (
     FrozenReference,
     NoReference,
     Reference,
+    checkpoint_tensors,
     forward_logprobs,
     load_policy,
     save_checkpoint,
@@ -72,7 +75,7 @@ from trainer_bridge.replay import RouterTrace
 from trainer_bridge.samples import Sample, samples_from_batch
 from trainer_bridge.series import batch_series
 from trainer_bridge.sharding import deal
-from trainer_bridge.weights import WeightSync
+from trainer_bridge.weights import WeightSync, weight_sync_for
 
 log = logging.getLogger("trainer_bridge")
 
@@ -242,12 +245,17 @@ def _publish(
     export: ExportClient,
     weights: WeightSync,
 ) -> None:
-    path = save_checkpoint(model, Path(config.model_path), Path(config.output_dir) / version)
+    path = None
+    if config.save_checkpoints:
+        path = save_checkpoint(model, Path(config.model_path), Path(config.output_dir) / version)
     # New turns wait while the backend swaps weights, so no turn mixes two versions
     # without the proxy recording it.
     export.pause()
     try:
-        report = weights.publish(str(path.resolve()), version)
+        if config.weight_sync == "disk" and path is not None:
+            report = weights.publish(str(path.resolve()), version)
+        else:
+            report = weights.publish_tensors(checkpoint_tensors(model), version)
         export.set_worker_exclusions(*report.rotation_changes())
         export.announce_weight_version(version)
     finally:
@@ -395,7 +403,7 @@ def main(
             return
         with (
             ExportClient(config.proxy_url, config.admin_key, config.run_id) as export,
-            WeightSync(config.backend_url) as weights,
+            weight_sync_for(config) as weights,
         ):
             run(config, export, weights, world=world)
 

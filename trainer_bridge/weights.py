@@ -1,15 +1,24 @@
 """Weight sync to every SGLang worker, never to the router: discover, pause, flush, update,
 continue.
 
-Owns ``discover_workers(backend_url)`` and ``WeightSync`` (with its ``SyncReport``).
+Owns ``discover_workers(backend_url)``, ``WeightSync`` (with its ``SyncReport``) and
+``weight_sync_for(config)`` (the one a ``TrainConfig`` asks for), in two modes that differ
+only in the update step:
+
+- ``publish(model_path, version)``: each worker loads a checkpoint the trainer wrote
+  (``/update_weights_from_disk``); the disk round trip is the checkpoint's size, twice.
+- ``publish_tensors(tensors, version)``: the trainer broadcasts the weights, named as a
+  checkpoint names them, over a process group it shares with every worker
+  (``/update_weights_from_distributed``; ``trainer_bridge.broadcast``: the group, the
+  weight-update session, batches, failures). Nothing touches the disk.
 
 Workers: ``backend_url`` is what the proxy's ``LEGO_BACKEND_URL`` is: a comma-separated list
 of SGLang workers, or one URL. One URL that answers ``GET /workers`` with
 ``{"workers": [{"id", "url"}, ...]}`` is an smg router (it has no pause or weight routes,
 so every call below goes to its workers); any other URL is a worker.
 
-``WeightSync.publish(model_path, version)``, in SGLang's order (as slime does it), each
-step on every worker at once and every worker through a step before the next begins:
+Either way, in SGLang's order (as slime does it), each step on every worker at once and
+every worker through a step before the next begins:
 
 1. ``POST /pause_generation {"mode": "abort"}``: running turns come back as aborts with a
    null status, which the proxy re-sends once generation continues (they then wait on
@@ -17,7 +26,10 @@ step on every worker at once and every worker through a step before the next beg
 2. ``POST /flush_cache``: cached KV (and its routing rows) was computed by the old
    weights; retried while the worker still reports running requests, up to
    ``flush_timeout_s``;
-3. ``POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache"}``;
+3. ``POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache"}``, or
+   the broadcast (``/begin_weight_update``, an ``/update_weights_from_distributed`` per
+   batch while the trainer sends it, ``/end_weight_update``; the group is formed with
+   ``/init_weights_update_group`` the first time);
 4. ``POST /continue_generation``.
 
 A worker that fails any step is reported (``SyncReport.failed``, logged) and taken out: it
@@ -36,13 +48,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
+import torch
 
 from kernel.errors import BackendError, BackendUnavailable, LegoError
-from trainer_bridge.client import JsonClient
+from trainer_bridge.broadcast import Broadcaster, GroupSettings
+from trainer_bridge.client import JsonClient, on_each
+from trainer_bridge.config import TrainConfig
 
 log = logging.getLogger("trainer_bridge")
 
@@ -72,6 +86,16 @@ class SyncReport:
             if url not in self.removed
         }
         return out, list(self.updated)
+
+
+def weight_sync_for(config: TrainConfig) -> WeightSync:
+    group = GroupSettings(
+        master_address=config.weight_sync_address,
+        master_port=config.weight_sync_port,
+        backend=config.weight_sync_backend,
+        bucket_bytes=config.weight_sync_bucket_mb << 20,
+    )
+    return WeightSync(config.backend_url, group=group)
 
 
 def discover_workers(http: httpx.Client, backend_url: str) -> tuple[str | None, tuple[Worker, ...]]:
@@ -106,30 +130,69 @@ def _is_json_object(response: httpx.Response) -> bool:
 
 class WeightSync(JsonClient):
     def __init__(
-        self, backend_url: str, *, timeout_s: float = 600.0, flush_timeout_s: float = 60.0
+        self,
+        backend_url: str,
+        *,
+        timeout_s: float = 600.0,
+        flush_timeout_s: float = 60.0,
+        group: GroupSettings | None = None,
     ) -> None:
         super().__init__("", {}, timeout_s)  # every call names its worker's URL
         self._backend_url = backend_url
         self._flush_timeout_s = flush_timeout_s
+        self._group_settings = group or GroupSettings(timeout_s=timeout_s)
+        self._broadcaster: Broadcaster | None = None
 
     def publish(self, model_path: str, version: str) -> SyncReport:
+        """Every worker loads the checkpoint at ``model_path`` (which it must see)."""
+        update = {"model_path": model_path, "weight_version": version, "flush_cache": True}
+
+        def load(workers: Sequence[Worker]) -> dict[str, str]:
+            answers = on_each(workers, lambda w: self._update(w, update))
+            return {w.url: f"update: {why}" for w, why in answers if why is not None}
+
+        return self._sync(version, load)
+
+    def publish_tensors(
+        self, tensors: Sequence[tuple[str, torch.Tensor]], version: str
+    ) -> SyncReport:
+        """Every worker receives ``tensors`` (checkpoint names) from this process."""
+        if self._broadcaster is None:
+            self._broadcaster = Broadcaster(self, self._group_settings)
+        broadcaster = self._broadcaster
+        return self._sync(
+            version, lambda workers: broadcaster.send([w.url for w in workers], tensors, version)
+        )
+
+    @property
+    def bytes_broadcast(self) -> int:
+        """Tensor bytes sent to workers by ``publish_tensors`` so far (all syncs)."""
+        return 0 if self._broadcaster is None else self._broadcaster.bytes_sent
+
+    def close(self) -> None:
+        if self._broadcaster is not None:
+            self._broadcaster.close()
+        super().close()
+
+    def _sync(
+        self, version: str, update: Callable[[Sequence[Worker]], dict[str, str]]
+    ) -> SyncReport:
         router, workers = discover_workers(self._http, self._backend_url)
         failed: dict[str, str] = {}
-        update = {"model_path": model_path, "weight_version": version, "flush_cache": True}
         steps: list[tuple[str, Callable[[Worker], object]]] = [
             ("pause", lambda w: self._post(w, "/pause_generation", {"mode": "abort"})),
             ("flush", self._flush),
-            ("update", lambda w: self._update(w, update)),
         ]
         for name, step in steps:
             live = [w for w in workers if w.url not in failed]
-            for worker, error in _each(live, step):
+            for worker, error in on_each(live, step):
                 if error is not None:
                     failed[worker.url] = f"{name}: {error}"
+        failed.update(update([w for w in workers if w.url not in failed]))
         removed = tuple(w.url for w in workers if w.url in failed and self._take_out(router, w))
         # Every worker is continued, the failed ones too: a turn waiting on a pause must
         # not hang; what a failed worker serves carries the version it reports.
-        for worker, error in _each(workers, lambda w: self._post(w, "/continue_generation", {})):
+        for worker, error in on_each(workers, lambda w: self._post(w, "/continue_generation", {})):
             if error is not None:
                 failed.setdefault(worker.url, f"continue: {error}")
         report = SyncReport(
@@ -178,21 +241,3 @@ class WeightSync(JsonClient):
             log.error("could not remove %s from the router %s: %s", worker.url, router, exc)
             return False
         return response.status_code in (200, 202, 204)
-
-
-def _each(
-    workers: Sequence[Worker], step: Callable[[Worker], object]
-) -> list[tuple[Worker, str | None]]:
-    """Run ``step`` on every worker at once; each worker's error message, or None."""
-
-    def attempt(worker: Worker) -> tuple[Worker, str | None]:
-        try:
-            step(worker)
-        except LegoError as exc:
-            return worker, exc.message
-        return worker, None
-
-    if not workers:
-        return []
-    with ThreadPoolExecutor(max_workers=len(workers)) as pool:
-        return list(pool.map(attempt, workers))

@@ -3,8 +3,9 @@
 A toy task with a programmatic reward: answer a prompt with text containing a target word
 the untrained tiny model emits now and then. The trainer (``trainer_bridge.train.run``)
 claims groups over the export API, takes GSPO steps with routing replay, saves and pushes
-each new version to the engine, which reloads it; the proxy records the version per turn.
-Every seed is fixed, so the run is the same each time.
+each new version to the engine, which reloads it (or broadcasts it to the engine over a
+process group, no checkpoint written); the proxy records the version per turn. Every seed
+is fixed, so the run is the same each time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tests.trainer_bridge.conftest import ADMIN_KEY, RolloutStack, rollout_stack
 from trainer_bridge.client import ExportClient
 from trainer_bridge.config import TrainConfig
 from trainer_bridge.train import StepReport, run
-from trainer_bridge.weights import WeightSync
+from trainer_bridge.weights import weight_sync_for
 
 TARGET = " street"
 PROMPTS = ["Say one word.", "Name a place.", "Where do you live?", "Pick a noun."]
@@ -41,7 +42,7 @@ class TrainerThread:
         try:
             with (
                 ExportClient(self.config.proxy_url, ADMIN_KEY, self.config.run_id) as export,
-                WeightSync(self.config.backend_url) as weights,
+                weight_sync_for(self.config) as weights,
             ):
                 self.reports = run(self.config, export, weights)
         except BaseException as exc:  # surfaced by the test thread
@@ -126,3 +127,48 @@ def test_mean_reward_rises(tiny_model_dir: Path, tmp_path: Path) -> None:
         trajectory = stack.admin.get(f"/api/v1/sessions/{last['id']}/trajectory").json()
         assert trajectory["segments"][0]["weight_versions"] == [f"step-{STEPS}"]
         assert means[-1] >= means[0] + 0.2
+
+
+def test_broadcast_weights_are_what_the_next_turns_sample(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    steps = 2
+    with rollout_stack(tiny_model_dir, tmp_path / "proxy") as stack:
+        run_id = stack.new_run()
+        config = TrainConfig(
+            model_path=str(tiny_model_dir),
+            proxy_url=stack.proxy_url,
+            admin_key=ADMIN_KEY,
+            run_id=run_id,
+            backend_url=stack.engine_url,
+            output_dir=str(tmp_path / "checkpoints"),
+            weight_sync="distributed",
+            save_checkpoints=False,
+            steps=steps,
+            groups_per_step=len(PROMPTS),
+            max_staleness=0,
+            poll_interval_s=0.05,
+            max_wait_s=120,
+            lr=5e-3,
+            seed=0,
+        )
+        trainer = TrainerThread(config)
+        thread = threading.Thread(target=trainer, daemon=True)
+        thread.start()
+        for step in range(steps):
+            _round(stack, run_id, step)
+            _wait_for_version(stack, run_id, step + 1, trainer)
+        thread.join(timeout=60)
+        if trainer.error is not None:
+            raise trainer.error
+        alignment = stack.admin.get(f"/api/v1/runs/{run_id}/alignment").json()["reports"]
+        items = stack.admin.get(f"/api/v1/runs/{run_id}/trajectories?limit=1000").json()["items"]
+    assert [r.weight_version for r in trainer.reports] == ["step-1", "step-2"]
+    assert not (tmp_path / "checkpoints").exists()
+    # Step 2 trained on turns sampled after the first broadcast, recomputed with the
+    # trainer's in-memory weights: they agree only if the engine served exactly those.
+    assert alignment[1]["weight_version"] == "step-1"
+    assert alignment[1]["metrics"]["pearson_r"] >= 0.9999
+    assert alignment[1]["metrics"]["abs_dlogp_p99"] < 1e-3
+    second = [s for s in items if s["group_id"].startswith("s1-")]
+    assert len(second) == len(PROMPTS) * GROUP_SIZE

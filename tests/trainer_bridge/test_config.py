@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kernel.errors import ConfigurationError
 from trainer_bridge.config import TrainConfig, config_from_args
 
 
@@ -53,3 +54,20 @@ def test_every_field_is_a_flag() -> None:
 def test_model_path_is_required() -> None:
     with pytest.raises(SystemExit):
         config_from_args([])
+
+
+def test_weight_sync_modes_are_checked_at_start() -> None:
+    c = config_from_args(
+        ["--model-path", "m", "--weight-sync", "distributed", "--no-save-checkpoints"]
+    )
+    assert (c.weight_sync, c.save_checkpoints, c.weight_sync_backend) == (
+        "distributed",
+        False,
+        "gloo",
+    )
+    with pytest.raises(ConfigurationError, match="'disk' or 'distributed'"):
+        TrainConfig(model_path="m", weight_sync="nfs")
+    with pytest.raises(ConfigurationError, match="loads the saved checkpoints"):
+        TrainConfig(model_path="m", save_checkpoints=False)
+    with pytest.raises(ConfigurationError, match="gloo"):
+        TrainConfig(model_path="m", weight_sync="distributed", weight_sync_backend="mpi")
