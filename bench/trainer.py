@@ -1,7 +1,9 @@
-"""Trainer benchmarks: one optimizer step's throughput at 1 and 2 data-parallel ranks.
+"""Trainer benchmarks: one step's throughput at 1 and 2 data-parallel ranks, and the bytes
+a weight sync moves, by disk and by broadcast.
 
     python -m bench.trainer [--ranks 1 2] [--threads-per-rank 1] [--steps 3] [--groups 8]
                             [--group-size 4] [--tokens 128] [--micro-batch-tokens 512]
+                            [--sync-workers 1] [--sync-repeats 3]
 
 (As a module: run as a script, ``bench/`` would shadow the ``recorder`` package.)
 
@@ -23,6 +25,10 @@ same cores. One untimed step warms up; each timed step runs from rank 0 dealing 
 out to every rank having stepped (barriers on both sides), and the median over ``--steps``
 is reported as the batch's tokens per second. Timings on a machine shared with other work
 say little: ranks need free cores, and OpenMP threads stall on busy ones.
+
+``sync_bytes``: ``bench.weight_sync.measure`` against ``--sync-workers`` local engines: per
+sync, the checkpoint written and read by every worker (disk, the baseline) against the
+tensors broadcast over the weight-update group (distributed), and the median seconds.
 """
 
 from __future__ import annotations
@@ -39,8 +45,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+if not __package__:
+    # Run as ``python bench/trainer.py``: the repository, not this directory, must be on
+    # sys.path for ``bench.weight_sync`` (a sibling) to import.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 
+from bench import weight_sync
 from engine.tiny import ensure_tiny_model
 from kernel.paths import default_model_dir
 from trainer_bridge.config import TrainConfig
@@ -162,9 +174,25 @@ def step_throughput(args: argparse.Namespace, workdir: Path) -> list[Row]:
     return rows
 
 
+# --- weight sync -------------------------------------------------------------------------
+
+
+def sync_bytes(args: argparse.Namespace, workdir: Path) -> list[Row]:
+    """Bytes moved per weight sync to ``--sync-workers`` local engines: by disk (the
+    baseline: the checkpoint written, then read by each worker) and by broadcast over the
+    weight-update group (``bench.weight_sync``)."""
+    model_dir = ensure_tiny_model(default_model_dir(workdir))
+    costs = weight_sync.measure(model_dir, workers=args.sync_workers, repeats=args.sync_repeats)
+    rows = []
+    for mode, cost in (("disk", costs.disk), ("distributed", costs.distributed)):
+        detail = f"{cost.seconds * 1000:.0f} ms/sync (median), {costs.workers} worker(s)"
+        rows.append(Row("bytes per weight sync", mode, cost.bytes_moved / 2**20, "MiB", detail))
+    return rows
+
+
 # --- the table -----------------------------------------------------------------------------
 
-MEASUREMENTS: tuple[Measurement, ...] = (step_throughput,)
+MEASUREMENTS: tuple[Measurement, ...] = (step_throughput, sync_bytes)
 
 
 def table(rows_by_measurement: list[list[Row]]) -> str:
@@ -197,6 +225,8 @@ def main() -> None:
         default=512,
         help="packed row length cap (attention is quadratic in it: keep it below a shard)",
     )
+    parser.add_argument("--sync-workers", type=int, default=1, help="engines a sync reaches")
+    parser.add_argument("--sync-repeats", type=int, default=3, help="syncs timed per mode")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # set when run as one rank
     parser.add_argument("--model-root", help=argparse.SUPPRESS)
     args = parser.parse_args()
