@@ -5,7 +5,6 @@ loopback; one of them sits behind a front that logs its control calls, or refuse
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -16,13 +15,11 @@ import httpx
 import pytest
 import torch
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from engine.config import EngineConfig
 from engine.loopback import running_engine
 from kernel.threaded import serve
+from tests.support.worker_front import worker_front
 from trainer_bridge.broadcast import GroupSettings, buckets
 from trainer_bridge.policy import checkpoint_tensors, load_policy
 from trainer_bridge.weights import WeightSync
@@ -36,27 +33,7 @@ def front(upstream: str, *, refuse: str | None = None) -> Starlette:
     every call to the route ``refuse`` without forwarding it: for the update, before
     receiving anything (as SGLang does outside a session), so the trainer's broadcast to
     it would wait; for the init, without joining, so the group cannot form."""
-    client = httpx.AsyncClient(base_url=upstream, timeout=60)
-    calls: list[str] = []
-
-    async def forward(request: Request) -> Response:
-        calls.append(request.url.path)
-        if request.url.path == refuse:
-            body = {"success": False, "message": "cannot load weights"}
-            return Response(json.dumps(body), status_code=400, media_type="application/json")
-        upstream_response = await client.request(
-            request.method, request.url.path, content=await request.body(),
-            headers={"content-type": "application/json"},
-        )  # fmt: skip
-        return Response(
-            upstream_response.content,
-            status_code=upstream_response.status_code,
-            media_type=upstream_response.headers.get("content-type"),
-        )
-
-    app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
-    app.state.calls = calls
-    return app
+    return worker_front(upstream, refuse=refuse)
 
 
 @pytest.fixture

@@ -14,15 +14,13 @@ from typing import Any
 import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from engine.config import EngineConfig
 from engine.loopback import running_engine
 from kernel.errors import BackendError
 from kernel.threaded import serve
 from tests.support.smg import listed_workers, running_smg
+from tests.support.worker_front import worker_front
 from trainer_bridge.weights import SyncReport, WeightSync, discover_workers
 
 SLOW = {"rules": [{"match": "slow", "reply": "tick " * 40, "delay_s": 0.02}], "default": "OK."}
@@ -35,27 +33,8 @@ def _version(url: str) -> str:
 def refusing_updates(upstream: str) -> Starlette:
     """A worker that answers like its upstream engine but fails every weight update (a bad
     checkpoint, a full disk), and logs the control calls it gets."""
-    client = httpx.AsyncClient(base_url=upstream, timeout=60)
-    calls: list[str] = []
-
-    async def forward(request: Request) -> Response:
-        calls.append(request.url.path)
-        if request.url.path == "/update_weights_from_disk":
-            body = {"success": False, "message": "cannot load weights", "num_paused_requests": 0}
-            return Response(json.dumps(body), status_code=400, media_type="application/json")
-        upstream_response = await client.request(
-            request.method, request.url.path, content=await request.body(),
-            headers={"content-type": "application/json"},
-        )  # fmt: skip
-        return Response(
-            upstream_response.content,
-            status_code=upstream_response.status_code,
-            media_type=upstream_response.headers.get("content-type"),
-        )
-
-    app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
-    app.state.calls = calls
-    return app
+    refusal = {"success": False, "message": "cannot load weights", "num_paused_requests": 0}
+    return worker_front(upstream, refuse="/update_weights_from_disk", refusal=refusal)
 
 
 @pytest.fixture
