@@ -25,25 +25,33 @@ def clean_env(**lego: str) -> dict[str, str]:
 
 
 # Started by libraries, not by us: ``ctypes.util.find_library`` runs ``ldconfig -p``, and
-# trio (imported through httpx2 -> httpcore2) calls it at import time. It lives a few
-# milliseconds, so a 20 ms poll sees it only now and then; counting it made the "nothing
-# started before the check failed" tests flaky without saying anything about the engine.
+# trio (imported through transformers -> huggingface_hub -> httpx2 -> httpcore2) calls it at
+# import time. It lives a few milliseconds, so a 20 ms poll sees it only now and then;
+# counting it made the "nothing started before the check failed" tests flaky (stop 23's CI)
+# without saying anything about the engine. Before its ``execve`` the helper is a vfork of
+# the parent, with the parent's name and command line, so it is told apart by that too.
 LIBRARY_HELPERS = frozenset({"ldconfig", "ldconfig.real"})
 
 
 def children_of(pid: int) -> list[int]:
-    """The live children of ``pid``, less the short-lived helpers libraries run."""
+    """The live children of ``pid`` that run a program of their own (an engine, a
+    worker), less the short-lived helpers libraries run."""
+    try:
+        parent_cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []  # the parent itself is gone
     children = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             # "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'.
             head, _, tail = stat.read_text().rpartition(")")
+            if int(tail.split()[1]) != pid or head.partition("(")[2] in LIBRARY_HELPERS:
+                continue
+            if (stat.parent / "cmdline").read_bytes() == parent_cmdline:
+                continue  # forked, not yet exec'd: a vfork on its way to a helper
         except OSError:
             continue  # the process exited while we looked
-        fields = tail.split()
-        comm = head.partition("(")[2]
-        if int(fields[1]) == pid and comm not in LIBRARY_HELPERS:
-            children.append(int(stat.parent.name))
+        children.append(int(stat.parent.name))
     return children
 
 
