@@ -1,6 +1,7 @@
 """The ``lego-proxy`` command line: parse the command, start what it names.
 
     lego-proxy serve [--host H] [--port P]     the proxy (settings from LEGO_* env)
+    lego-proxy serve --workers N               N proxy processes on one port (cli.workers)
     lego-proxy engine [--model DIR] [--port P] the SGLang-compatible local engine alone
     lego-proxy db upgrade                      bring the database to the current schema
     lego-proxy train ...                       trainer_bridge (lego-proxy train --help)
@@ -16,13 +17,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from kernel.errors import LegoError
 from proxy.settings import Settings
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
 
 DESCRIPTION = (
     "lego-proxy: unmodified coding-agent harnesses as token-faithful RL environments. "
@@ -57,22 +64,88 @@ def _serve(args: argparse.Namespace) -> None:
     if args.port is not None:
         overrides["port"] = args.port
     settings = _load_settings(**overrides)
+    loop, http = _server_implementation(args.loop, args.http)
+    if args.worker_channel is not None:
+        _serve_as_worker(args, settings, loop, http)
+        return
+    if args.workers < 1:
+        print("lego-proxy: --workers must be at least 1", file=sys.stderr)
+        raise SystemExit(2)
+    if args.workers > 1 and settings.backend_url is None:
+        print(
+            "lego-proxy: --workers needs LEGO_BACKEND_URL (each worker would start its own "
+            "local engine): start one with `lego-proxy engine` and point LEGO_BACKEND_URL at it",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     checked = preflight(settings)
     if settings.tokenizer_path is None and settings.backend_url is not None:
         settings = settings.model_copy(update={"tokenizer_path": checked.tokenizer_path})
-    for line in checked.lines:
+    for line in (*checked.lines, f"serving HTTP with {http} on the {loop} event loop"):
         print(f"lego-proxy: {line}", file=sys.stderr, flush=True)
-    uvicorn.run(
-        create_app(settings),
+    if args.workers > 1:
+        from cli.workers import run_front
+
+        command = [sys.executable, "-m", "cli.main", "serve", "--log-level", args.log_level]
+        command += ["--loop", loop, "--http", http]
+        env = {**os.environ, "LEGO_TOKENIZER_PATH": str(settings.tokenizer_path)}
+        env |= {"LEGO_HOST": settings.host, "LEGO_PORT": str(settings.port)}
+        run_front(settings.host, settings.port, command, args.workers, env)
+        return
+    uvicorn.Server(_server_config(args, settings, create_app(settings), loop, http)).run()
+
+
+def _server_config(
+    args: argparse.Namespace, settings: Settings, app: ASGIApp, loop: str, http: str
+) -> uvicorn.Config:
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
+        loop=loop,
+        http=http,
         timeout_graceful_shutdown=30,
         # Harnesses keep their connection across tool calls that take seconds to minutes;
         # closing idle ones after uvicorn's default 5 s races their next request (a client
         # sees the close as a read error on a request it had already sent).
         timeout_keep_alive=75,
     )
+
+
+def _serve_as_worker(args: argparse.Namespace, settings: Settings, loop: str, http: str) -> None:
+    """One worker of ``serve --workers``: the parent checked everything and holds the port."""
+    from cli.workers import run_worker
+    from proxy.app import create_app
+
+    channel, _, index = str(args.worker_channel).partition(":")
+    app = create_app(settings, instance=f"{settings.port}.w{index}")
+    run_worker(_server_config(args, settings, app, loop, http), int(channel), int(index))
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _server_implementation(loop: str, http: str) -> tuple[str, str]:
+    """The event loop and HTTP parser to serve with: ``auto`` takes uvloop and httptools
+    where installed (they are dependencies on Linux; bench.overhead measures the gain), else
+    asyncio and h11. One named explicitly but not installed exits 2 with one line."""
+    chosen = (
+        loop if loop != "auto" else "uvloop" if _installed("uvloop") else "asyncio",
+        http if http != "auto" else "httptools" if _installed("httptools") else "h11",
+    )
+    missing = [name for name in chosen if name in ("uvloop", "httptools") and not _installed(name)]
+    if missing:
+        print(
+            f"lego-proxy: {' and '.join(missing)} not installed (pip install {' '.join(missing)}"
+            ", or serve with --loop asyncio --http h11)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return chosen
 
 
 def _engine(args: argparse.Namespace) -> None:
@@ -132,6 +205,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None, help="bind address (LEGO_HOST)")
     serve.add_argument("--port", type=int, default=None, help="port (LEGO_PORT)")
     serve.add_argument("--log-level", default="info", help="uvicorn's log level")
+    serve.add_argument(
+        "--loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="event loop (auto: uvloop where installed)",
+    )
+    serve.add_argument(
+        "--http",
+        choices=("auto", "httptools", "h11"),
+        default="auto",
+        help="HTTP/1.1 parser (auto: httptools where installed)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="proxy processes behind the one port, each session kept on one of them "
+        "(needs LEGO_BACKEND_URL; docs/performance.md)",
+    )
+    # Internal: how `serve --workers` starts each worker (FD:INDEX of its channel).
+    serve.add_argument("--worker-channel", default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
 
     engine = commands.add_parser(

@@ -103,7 +103,10 @@ def _allowed_methods(request: Request) -> list[str]:
     return allowed
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, instance: str | None = None) -> FastAPI:
+    """The proxy app. ``instance`` names its spool and journal directories (default: the
+    port; ``serve --workers`` gives each worker its own, ``recorder.disks``)."""
+    disk_name = instance or str(settings.port)
     metrics = Metrics()
     chat_adapter = OpenAIChatAdapter()
     signer = ReasoningSigner(settings.effective_signing_secret)
@@ -156,14 +159,14 @@ def create_app(settings: Settings) -> FastAPI:
             _log.info("tool-call format %s (%s)", template.tool_parser, template.tool_parser_source)
             await upgrade_database(settings.effective_database_url)
             disks = RecorderDisks(settings.data_dir, await store.identity())
-            spool = disks.spool(settings.port)
-            journal = Journal(disks.journal(settings.port)) if settings.journal else None
+            spool = disks.spool(disk_name)
+            journal = Journal(disks.journal(disk_name)) if settings.journal else None
             writer = TurnWriter(
                 store,
                 spool=spool,
                 orphans=disks.orphans(),
                 journal=journal,
-                quarantine=disks.quarantine(settings.port),
+                quarantine=disks.quarantine(disk_name),
                 metrics=metrics.recorder,
             )
             writer.start()

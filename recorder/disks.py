@@ -2,12 +2,15 @@
 
 Owns the layout under a data directory, per database (``Store.identity``)::
 
-    spool/db-<id>/<host>-<port>/              this proxy's spool (kept across restarts)
-    journal/db-<id>/<host>-<port>-<ns>/       this process's journal (one per start)
-    quarantine/db-<id>/<host>-<port>/         turns the database refused, for inspection
+    spool/db-<id>/<host>-<instance>/          this proxy's spool (kept across restarts)
+    journal/db-<id>/<host>-<instance>-<ns>/   this process's journal (one per start)
+    quarantine/db-<id>/<host>-<instance>/     turns the database refused, for inspection
+
+``instance`` is the proxy's port, or ``<port>.w<i>`` for worker ``i`` of
+``serve --workers`` (the workers share the port, each has its own directories).
 
 Contract:
-- ``spool(port)``, ``journal(port)`` and ``quarantine(port)`` open (and lock) this
+- ``spool(instance)``, ``journal(instance)`` and ``quarantine(instance)`` open (and lock) this
   proxy's directories; ``orphans()`` the spools and journals under the same database's
   roots that no live process holds (their proxy died), for the writer to replay and then
   remove. A directory of another database is never opened, so no turn is replayed into a
@@ -42,18 +45,18 @@ class RecorderDisks:
     def _root(self, kind: str) -> Path:
         return self._data_dir / kind / self._database
 
-    def spool(self, port: int) -> Spool:
-        self._spool = self._root("spool") / f"{self._host}-{port}"
+    def spool(self, instance: int | str) -> Spool:
+        self._spool = self._root("spool") / f"{self._host}-{instance}"
         return Spool.open(self._spool)
 
-    def journal(self, port: int) -> Spool:
+    def journal(self, instance: int | str) -> Spool:
         # Per process start: what a killed process journaled is an orphan the next replays.
-        directory = self._root("journal") / f"{self._host}-{port}-{time.time_ns()}"
+        directory = self._root("journal") / f"{self._host}-{instance}-{time.time_ns()}"
         self._journal = directory
         return Spool.open(directory)
 
-    def quarantine(self, port: int) -> Spool:
-        return Spool.open(self._root("quarantine") / f"{self._host}-{port}")
+    def quarantine(self, instance: int | str) -> Spool:
+        return Spool.open(self._root("quarantine") / f"{self._host}-{instance}")
 
     def orphans(self) -> list[Spool]:
         """Call after ``spool`` and ``journal``: this proxy's own are not orphans."""
