@@ -2,11 +2,21 @@
 
 The engine runs in zero-compute mode (fixed reply, no forward pass) so that what is
 measured is the proxy: parsing, rendering, the backend round trip it adds, output parsing,
-streaming and recording. Engine and proxy each run in their own process, as deployed; the
-load generator is this process. Both paths are measured in the same run, interleaved in
-rounds, and the result is printed as ratios and differences against the direct baseline.
+streaming and recording. Engine and each proxy variant run in their own process, as
+deployed; the load generator is this process (the separate client a harness is, with
+keep-alive connections). All paths are measured in the same run, interleaved in rounds, and
+each variant is printed against the direct baseline: the added latency p50/p99, throughput
+as a ratio of the direct path's, and each server process's CPU per request (from
+``/proc``), next to the journal disk's fsync measured in the same rounds (the floor of a
+turn that is durable before its last byte).
 
-    python -m bench.overhead [--requests 300] [--concurrency 1 64]
+Variants (``--variants``): ``default`` (what ``lego-proxy serve`` runs: uvloop + httptools
+where installed), ``asyncio-h11`` (the stdlib loop and the pure-Python parser),
+``no-journal`` (``LEGO_JOURNAL=false``: no fsync per turn), ``workers-2`` and ``workers-4``
+(``serve --workers N``; its CPU is the parent's and the workers' together).
+Each concurrent client is one harness: its own session and its own keep-alive connection.
+
+    python -m bench.overhead [--requests 600] [--concurrency 1 16 64] [--variants default ...]
 """
 
 from __future__ import annotations
@@ -16,9 +26,11 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -33,6 +45,39 @@ MESSAGES = [
     {"role": "system", "content": "You are a coding agent. Use the shell tool when useful."},
     {"role": "user", "content": "List the files in the repository and summarise them."},
 ]
+# name -> (extra `serve` arguments, extra environment)
+VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "default": ((), {}),
+    "asyncio-h11": (("--loop", "asyncio", "--http", "h11"), {}),
+    "no-journal": ((), {"LEGO_JOURNAL": "false"}),
+    "workers-2": (("--workers", "2"), {}),
+    "workers-4": (("--workers", "4"), {}),
+}
+FSYNC_SAMPLES = 50  # per round
+
+
+@dataclass(frozen=True)
+class Proxy:
+    name: str
+    url: str
+    run_id: str
+    process: subprocess.Popen[bytes]
+
+    def new_session(self) -> str:
+        """A new session's key (each concurrent client is one harness on one session)."""
+        response = httpx.post(
+            f"{self.url}/api/v1/runs/{self.run_id}/sessions",
+            json={"task_id": "bench", "group_id": "g"},
+            headers={"authorization": f"Bearer {ADMIN_KEY}"},
+        )
+        return str(response.raise_for_status().json()["key"])
+
+
+@dataclass(frozen=True)
+class Measured:
+    latencies: list[float]
+    rps: float
+    cpu_s: float  # the server process's user + system CPU over the measured requests
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -40,73 +85,129 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def measure(
-    call: Callable[[httpx.AsyncClient], Awaitable[None]], requests: int, concurrency: int
-) -> tuple[list[float], float]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds so far of a process and its children (``serve --workers``:
+    the workers), from Linux's ``/proc``."""
+
+    def stat(path: Path) -> list[str]:
+        return path.read_text().rsplit(")", 1)[1].split()
+
+    total = 0
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat(path)
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if path.parent.name == str(pid) or fields[1] == str(pid):
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def fsync_seconds(directory: Path, samples: int) -> list[float]:
+    """One small append + fsync at a time on ``directory``'s disk: what a journaled turn
+    waits for at least once."""
+    path = directory / "fsync-probe"
+    timings = []
+    with path.open("ab") as sink:
+        for _ in range(samples):
+            sink.write(b"x" * 512)
+            sink.flush()
+            began = time.perf_counter()
+            os.fsync(sink.fileno())
+            timings.append(time.perf_counter() - began)
+    path.unlink()
+    return timings
+
+
+Call = Callable[[httpx.AsyncClient, int], Awaitable[None]]
+
+
+async def measure(call: Call, requests: int, concurrency: int, pid: int) -> Measured:
+    """``requests`` calls from ``concurrency`` clients, each with its own keep-alive
+    connection and its own slot (a session, as each harness has its own)."""
     latencies: list[float] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        for _ in range(min(concurrency, 8)):  # warm connections and caches
-            await call(client)
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    clients = [httpx.AsyncClient(timeout=60, limits=limits) for _ in range(concurrency)]
+    try:
+        await asyncio.gather(*(call(client, slot) for slot, client in enumerate(clients)))
         queue = iter(range(requests))
 
-        async def worker() -> None:
+        async def worker(client: httpx.AsyncClient, slot: int) -> None:
             for _ in queue:
                 began = time.perf_counter()
-                await call(client)
+                await call(client, slot)
                 latencies.append(time.perf_counter() - began)
 
+        cpu = cpu_seconds(pid)
         began = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(client, slot) for slot, client in enumerate(clients)))
         elapsed = time.perf_counter() - began
-    return latencies, requests / elapsed
+        cpu = cpu_seconds(pid) - cpu
+    finally:
+        await asyncio.gather(*(client.aclose() for client in clients))
+    return Measured(latencies, requests / elapsed, cpu)
 
 
-def run(args: argparse.Namespace) -> None:
-    root = Path(tempfile.mkdtemp(prefix="lego-bench-"))
-    model = ensure_tiny_model(default_model_dir(root))
-    engine_port, proxy_port = free_port(), free_port()
-    engine_url = f"http://127.0.0.1:{engine_port}"
-    proxy_url = f"http://127.0.0.1:{proxy_port}"
-    env = {**os.environ, "LEGO_DATA_DIR": str(root)}
+def start_proxy(name: str, root: Path, model: Path, engine_url: str, env: dict[str, str]) -> Proxy:
+    args, extra_env = VARIANTS[name]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    data = root / name  # its own SQLite file and journal
+    data.mkdir()
+    proxy_env = {
+        **env,
+        **extra_env,
+        "LEGO_DATA_DIR": str(data),
+        "LEGO_BACKEND_URL": engine_url,
+        "LEGO_TOKENIZER_PATH": str(model),
+        "LEGO_ADMIN_KEY": ADMIN_KEY,
+        "LEGO_PORT": str(port),
+    }
+    process = start_server(
+        python_module("cli.main", "serve", "--log-level", "warning", *args),
+        proxy_env,
+        f"{url}/healthz",
+        root / f"proxy-{name}.log",
+    )
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    run_id = httpx.post(f"{url}/api/v1/runs", json={"name": "bench"}, headers=admin).json()["id"]
+    return Proxy(name, url, run_id, process)
+
+
+def start_engine(
+    root: Path, model: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The zero-compute engine in its own process, and its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     engine = start_server(
         python_module(
             "engine",
             "--model",
             str(model),
             "--port",
-            str(engine_port),
+            str(port),
             "--zero-compute",
             "--enable-return-routed-experts",
         ),
         env,
-        f"{engine_url}/health",
+        f"{url}/health",
         root / "engine.log",
     )
-    proxy_env = {
-        **env,
-        "LEGO_BACKEND_URL": engine_url,
-        "LEGO_TOKENIZER_PATH": str(model),
-        "LEGO_ADMIN_KEY": ADMIN_KEY,
-        "LEGO_PORT": str(proxy_port),
-    }
-    proxy = start_server(
-        python_module("cli.main", "serve", "--log-level", "warning"),
-        proxy_env,
-        f"{proxy_url}/healthz",
-        root / "proxy.log",
-    )
+    return engine, url
+
+
+def run(args: argparse.Namespace) -> None:
+    root = Path(tempfile.mkdtemp(prefix="lego-bench-"))
+    model = ensure_tiny_model(default_model_dir(root))
+    env = {**os.environ, "LEGO_DATA_DIR": str(root)}
+    engine, engine_url = start_engine(root, model, env)
+    processes = [engine]
     try:
-        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-        run_id = httpx.post(
-            f"{proxy_url}/api/v1/runs", json={"name": "bench"}, headers=admin
-        ).json()["id"]
-        key = httpx.post(
-            f"{proxy_url}/api/v1/runs/{run_id}/sessions",
-            json={"task_id": "bench", "group_id": "g"},
-            headers=admin,
-        ).json()["key"]
-        chat_body = {"model": "bench", "messages": MESSAGES, "max_tokens": 16}
+        proxies = []
+        for name in args.variants:
+            proxies.append(start_proxy(name, root, model, engine_url, env))
+            processes.append(proxies[-1].process)
         # The direct path sends exactly what the proxy sends the engine for this turn.
         from transformers import AutoTokenizer
 
@@ -125,70 +226,99 @@ def run(args: argparse.Namespace) -> None:
             "return_routed_experts": True,
             "routed_experts_start_len": 0,
         }
-
-        asyncio.run(compare(args, engine_url, proxy_url, key, chat_body, generate_body))
+        chat_body = {"model": "bench", "messages": MESSAGES, "max_tokens": 16}
+        asyncio.run(compare(args, engine, engine_url, proxies, chat_body, generate_body, root))
     finally:
-        for process in (proxy, engine):
+        for process in reversed(processes):
             process.terminate()
             process.wait(timeout=30)
 
 
 async def compare(
     args: argparse.Namespace,
+    engine: subprocess.Popen[bytes],
     engine_url: str,
-    proxy_url: str,
-    key: str,
+    proxies: list[Proxy],
     chat_body: dict[str, object],
     generate_body: dict[str, object],
+    disk: Path,
 ) -> None:
 
-    async def direct(client: httpx.AsyncClient) -> None:
+    async def direct(client: httpx.AsyncClient, slot: int) -> None:
         async with client.stream("POST", f"{engine_url}/generate", json=generate_body) as response:
             async for _ in response.aiter_lines():
                 pass
             response.raise_for_status()
 
-    async def through_proxy(client: httpx.AsyncClient) -> None:
-        response = await client.post(
-            f"{proxy_url}/v1/chat/completions",
-            json=chat_body,
-            headers={"authorization": f"Bearer {key}"},
-        )
-        response.raise_for_status()
+    keys: dict[str, list[str]] = {}
+    for proxy in proxies:
+        keys[proxy.name] = [proxy.new_session() for _ in range(max(args.concurrency))]
+
+    def through(proxy: Proxy) -> Call:
+        async def call(client: httpx.AsyncClient, slot: int) -> None:
+            response = await client.post(
+                f"{proxy.url}/v1/chat/completions",
+                json=chat_body,
+                headers={"authorization": f"Bearer {keys[proxy.name][slot]}"},
+            )
+            response.raise_for_status()
+
+        return call
 
     results: dict[str, object] = {}
     for concurrency in args.concurrency:
-        direct_lat: list[float] = []
-        proxy_lat: list[float] = []
-        direct_rps: list[float] = []
-        proxy_rps: list[float] = []
         per_round = max(args.requests // args.rounds, concurrency)
-        for _ in range(args.rounds):  # interleaved, so machine noise hits both alike
-            lat, rps = await measure(direct, per_round, concurrency)
-            direct_lat += lat
-            direct_rps.append(rps)
-            lat, rps = await measure(through_proxy, per_round, concurrency)
-            proxy_lat += lat
-            proxy_rps.append(rps)
-        row = {
-            "direct_p50_ms": 1e3 * percentile(direct_lat, 0.5),
-            "direct_p99_ms": 1e3 * percentile(direct_lat, 0.99),
-            "proxy_p50_ms": 1e3 * percentile(proxy_lat, 0.5),
-            "proxy_p99_ms": 1e3 * percentile(proxy_lat, 0.99),
-            "direct_rps": statistics.median(direct_rps),
-            "proxy_rps": statistics.median(proxy_rps),
+        direct_runs: list[Measured] = []
+        proxy_runs: dict[str, list[Measured]] = {proxy.name: [] for proxy in proxies}
+        fsyncs: list[float] = []
+        for _ in range(args.rounds):  # interleaved, so machine noise hits every path alike
+            direct_runs.append(await measure(direct, per_round, concurrency, engine.pid))
+            fsyncs += fsync_seconds(disk, FSYNC_SAMPLES)
+            for proxy in proxies:
+                proxy_runs[proxy.name].append(
+                    await measure(through(proxy), per_round, concurrency, proxy.process.pid)
+                )
+        direct_lat = [x for m in direct_runs for x in m.latencies]
+        direct_rps = statistics.median(m.rps for m in direct_runs)
+        fsync_p50_ms = 1e3 * percentile(fsyncs, 0.5)
+        direct_p50 = 1e3 * percentile(direct_lat, 0.5)
+        direct_p99 = 1e3 * percentile(direct_lat, 0.99)
+        engine_cpu = 1e3 * sum(m.cpu_s for m in direct_runs) / (per_round * args.rounds)
+        row: dict[str, object] = {
+            "direct_p50_ms": direct_p50,
+            "direct_p99_ms": direct_p99,
+            "direct_rps": direct_rps,
+            "engine_cpu_ms_per_request": engine_cpu,
+            "fsync_p50_ms": fsync_p50_ms,
         }
-        row["added_p50_ms"] = row["proxy_p50_ms"] - row["direct_p50_ms"]
-        row["added_p99_ms"] = row["proxy_p99_ms"] - row["direct_p99_ms"]
-        row["throughput_ratio"] = row["proxy_rps"] / row["direct_rps"]
-        results[f"concurrency_{concurrency}"] = row
         print(
-            f"concurrency {concurrency:>3}: added latency p50 {row['added_p50_ms']:.2f} ms, "
-            f"p99 {row['added_p99_ms']:.2f} ms (direct p50 {row['direct_p50_ms']:.2f} ms, "
-            f"proxy p50 {row['proxy_p50_ms']:.2f} ms); throughput proxy/direct "
-            f"{row['throughput_ratio']:.2f} ({row['proxy_rps']:.0f} vs "
-            f"{row['direct_rps']:.0f} req/s)"
+            f"concurrency {concurrency:>3}: direct p50 {direct_p50:.2f} ms, "
+            f"{direct_rps:.0f} req/s, engine CPU {engine_cpu:.2f} ms/req; "
+            f"fsync p50 {fsync_p50_ms:.2f} ms"
         )
+        for name, runs in proxy_runs.items():
+            lat = [x for m in runs for x in m.latencies]
+            rps = statistics.median(m.rps for m in runs)
+            added_p50 = 1e3 * percentile(lat, 0.5) - direct_p50
+            added_p99 = 1e3 * percentile(lat, 0.99) - direct_p99
+            cpu = 1e3 * sum(m.cpu_s for m in runs) / (per_round * args.rounds)
+            row[name] = {
+                "proxy_p50_ms": 1e3 * percentile(lat, 0.5),
+                "proxy_p99_ms": 1e3 * percentile(lat, 0.99),
+                "proxy_rps": rps,
+                "throughput_ratio": rps / direct_rps,
+                "proxy_cpu_ms_per_request": cpu,
+                "added_p50_ms": added_p50,
+                "added_p99_ms": added_p99,
+                "added_p50_beyond_fsync_ms": added_p50 - fsync_p50_ms,
+            }
+            print(
+                f"    {name:<12} added p50 {added_p50:.2f} ms "
+                f"({added_p50 - fsync_p50_ms:.2f} beyond one fsync), p99 {added_p99:.2f} ms; "
+                f"throughput/direct {rps / direct_rps:.2f} ({rps:.0f} req/s); "
+                f"proxy CPU {cpu:.2f} ms/req"
+            )
+        results[f"concurrency_{concurrency}"] = row
     print(json.dumps(results, indent=2))
 
 
@@ -196,7 +326,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument(
+        "--variants", nargs="+", choices=sorted(VARIANTS), default=["default", "asyncio-h11"]
+    )
     run(parser.parse_args())
 
 
