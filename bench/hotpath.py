@@ -6,10 +6,11 @@ clients send short chat turns for ``--seconds``, py-spy samples the proxy at ``-
 Hz without pausing it. Each busy sample is charged to the layer of its innermost frame that
 belongs to one (``LAYERS``; a frame of the standard library or of a library no layer names
 is charged to the caller that is; the loop's own frames and the stacks below them to
-"event loop, sockets and stdlib"), so the
-table says which layer of the proxy to cut, and the list of hottest functions (self time)
-says where in it. Needs py-spy (``pip install py-spy``) and permission to trace the child
-(root, or ``kernel.yama.ptrace_scope`` 0); without them it says so and exits 2.
+"event loop, sockets and stdlib"), so the table says which layer of the proxy to cut, and
+the list of hottest functions (self time) says where in it. Needs py-spy (``pip install
+py-spy``) and permission to trace the child (root, or ``kernel.yama.ptrace_scope`` 0);
+without them it says so and exits 2. ``docs/performance.md`` says how to read the list
+where SQLAlchemy's async engine runs (greenlets).
 
     python -m bench.hotpath [--concurrency 16] [--seconds 10] [--variant default] [--raw FILE]
 """

@@ -1,0 +1,280 @@
+"""lego-proxy next to other LLM proxies, measured in the same interleaved rounds.
+
+Each system sits in front of a zero-compute backend in its own process and is driven by the
+same closed-loop client (this process: one keep-alive connection, and for lego-proxy one
+session, per concurrent client) with the same two-message chat turn:
+
+- lego-proxy (``serve``, journal on) in front of the zero-compute SGLang-protocol engine
+  (``bench.overhead``'s set-up); its baseline is that engine's ``/generate`` called directly;
+- LiteLLM's proxy, when its ``litellm`` command is installed (``--litellm PATH``, else the
+  one on ``PATH``), in front of a zero-compute OpenAI endpoint (a fixed chat completion,
+  served by this module in its own process); its baseline is that endpoint called directly.
+
+Per system: the added p50 against its own baseline, throughput as a ratio of its baseline's,
+and the proxy process's CPU per request. A peer that is not installed is skipped with the
+reason; the run goes on with the rest. slime's agent adapter has no runner here yet (it is
+not on PyPI): install it and add one to measure it in the same rounds.
+
+    python -m bench.peers [--requests 300] [--concurrency 1 16] [--litellm PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+if not __package__:
+    # Run as ``python bench/peers.py``: the repository, not this directory, must be on
+    # sys.path for ``bench.overhead`` (a sibling) to import.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from bench.overhead import (
+    MESSAGES,
+    Measured,
+    measure,
+    percentile,
+    start_engine,
+    start_proxy,
+)
+from engine.tiny import ensure_tiny_model
+from kernel.paths import default_model_dir
+from kernel.process import ServerDidNotStart, python_module, start_server
+from kernel.threaded import free_port
+
+REPLY_TOKENS = 16
+LITELLM_KEY = "sk-bench-" + "0123456789abcdef" * 2  # its proxy refuses to start without one
+
+
+@dataclass(frozen=True)
+class System:
+    """A proxy and the baseline it adds to, each a call the load client makes."""
+
+    name: str
+    pid: int
+    call: Callable[[httpx.AsyncClient, int], Awaitable[None]]
+    baseline: str  # which direct call it is compared with
+    baseline_pid: int
+
+
+def openai_endpoint_app() -> FastAPI:
+    """The zero-compute OpenAI endpoint: a fixed chat completion for every request."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def complete(request: Request) -> JSONResponse:
+        body = await request.json()
+        return JSONResponse(
+            {
+                "id": "chatcmpl-bench",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "bench"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "ok " * REPLY_TOKENS},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": 40,
+                    "completion_tokens": REPLY_TOKENS,
+                    "total_tokens": 40 + REPLY_TOKENS,
+                },
+            }
+        )
+
+    @app.get("/health")
+    async def health() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+def serve_openai_endpoint(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(openai_endpoint_app(), host="127.0.0.1", port=port, log_level="warning")
+
+
+def litellm_command(args: argparse.Namespace) -> str | None:
+    found: str | None = args.litellm or shutil.which("litellm")
+    return found if found and Path(found).exists() else None
+
+
+def run(args: argparse.Namespace) -> None:
+    root = Path(tempfile.mkdtemp(prefix="lego-peers-"))
+    model = ensure_tiny_model(default_model_dir(root))
+    env = {**os.environ, "LEGO_DATA_DIR": str(root)}
+    engine, engine_url = start_engine(root, model, env)
+    processes: list[subprocess.Popen[bytes]] = [engine]
+    try:
+        proxy = start_proxy("default", root, model, engine_url, env)
+        processes.append(proxy.process)
+        keys = [proxy.new_session() for _ in range(max(args.concurrency))]
+        systems: list[System] = []
+        direct: dict[str, tuple[int, Callable[[httpx.AsyncClient, int], Awaitable[None]]]] = {}
+        direct["sglang engine"] = (engine.pid, _direct_generate(engine_url, model))
+        systems.append(
+            System(
+                "lego-proxy",
+                proxy.process.pid,
+                _chat(proxy.url, "bench", keys),
+                "sglang engine",
+                engine.pid,
+            )
+        )
+        litellm = litellm_command(args)
+        if litellm is None:
+            print("LiteLLM: skipped (no `litellm` command; pip install 'litellm[proxy]')")
+        else:
+            openai_port, litellm_port = free_port(), free_port()
+            openai_url = f"http://127.0.0.1:{openai_port}"
+            endpoint = start_server(
+                python_module("bench.peers", "--serve-openai", str(openai_port)),
+                env,
+                f"{openai_url}/health",
+                root / "openai.log",
+            )
+            processes.append(endpoint)
+            litellm_url = f"http://127.0.0.1:{litellm_port}"
+            try:
+                peer = start_server(
+                    [
+                        *(litellm, "--model", "openai/bench", "--api_base", f"{openai_url}/v1"),
+                        *("--port", str(litellm_port), "--num_workers", "1"),
+                    ],
+                    {**env, "OPENAI_API_KEY": "bench", "LITELLM_MASTER_KEY": LITELLM_KEY},
+                    f"{litellm_url}/health/liveliness",
+                    root / "litellm.log",
+                )
+            except ServerDidNotStart as exc:
+                print(f"LiteLLM: skipped (it did not start: {exc.message[-500:]})")
+            else:
+                processes.append(peer)
+                direct["openai endpoint"] = (endpoint.pid, _chat(openai_url, "bench", None))
+                systems.append(
+                    System(
+                        "LiteLLM",
+                        peer.pid,
+                        _chat(litellm_url, "openai/bench", [LITELLM_KEY] * max(args.concurrency)),
+                        "openai endpoint",
+                        endpoint.pid,
+                    )
+                )
+        asyncio.run(compare(args, direct, systems))
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def _direct_generate(
+    engine_url: str, model: Path
+) -> Callable[[httpx.AsyncClient, int], Awaitable[None]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    body = {
+        "input_ids": tokenizer.encode(prompt, add_special_tokens=False),
+        "sampling_params": {"max_new_tokens": REPLY_TOKENS, "skip_special_tokens": False},
+        "stream": True,
+        "return_logprob": True,
+        "return_routed_experts": True,
+        "routed_experts_start_len": 0,
+    }
+
+    async def call(client: httpx.AsyncClient, slot: int) -> None:
+        async with client.stream("POST", f"{engine_url}/generate", json=body) as response:
+            async for _ in response.aiter_lines():
+                pass
+            response.raise_for_status()
+
+    return call
+
+
+def _chat(
+    url: str, model: str, keys: list[str] | None
+) -> Callable[[httpx.AsyncClient, int], Awaitable[None]]:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": REPLY_TOKENS}
+
+    async def call(client: httpx.AsyncClient, slot: int) -> None:
+        key = keys[slot] if keys is not None else "bench"
+        response = await client.post(
+            f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+        )
+        response.raise_for_status()
+
+    return call
+
+
+async def compare(
+    args: argparse.Namespace,
+    direct: dict[str, tuple[int, Callable[[httpx.AsyncClient, int], Awaitable[None]]]],
+    systems: list[System],
+) -> None:
+    for concurrency in args.concurrency:
+        per_round = max(args.requests // args.rounds, concurrency)
+        runs: dict[str, list[Measured]] = {
+            name: [] for name in [*direct, *(s.name for s in systems)]
+        }
+        for _ in range(args.rounds):  # interleaved: machine noise hits every system alike
+            for name, (pid, call) in direct.items():
+                runs[name].append(await measure(call, per_round, concurrency, pid))
+            for system in systems:
+                runs[system.name].append(
+                    await measure(system.call, per_round, concurrency, system.pid)
+                )
+        print(f"concurrency {concurrency}:")
+        for name in direct:
+            lat = [x for m in runs[name] for x in m.latencies]
+            rps = statistics.median(m.rps for m in runs[name])
+            cpu = 1e3 * sum(m.cpu_s for m in runs[name]) / (per_round * args.rounds)
+            print(
+                f"  {name:<16} direct p50 {1e3 * percentile(lat, 0.5):7.2f} ms, "
+                f"{rps:6.0f} req/s, CPU {cpu:.2f} ms/req"
+            )
+        for system in systems:
+            lat = [x for m in runs[system.name] for x in m.latencies]
+            base = [x for m in runs[system.baseline] for x in m.latencies]
+            rps = statistics.median(m.rps for m in runs[system.name])
+            base_rps = statistics.median(m.rps for m in runs[system.baseline])
+            cpu = 1e3 * sum(m.cpu_s for m in runs[system.name]) / (per_round * args.rounds)
+            added = 1e3 * (percentile(lat, 0.5) - percentile(base, 0.5))
+            print(
+                f"  {system.name:<16} added p50 {added:7.2f} ms, throughput / its own direct "
+                f"{rps / base_rps:.2f} ({rps:.0f} req/s), proxy CPU {cpu:.2f} ms/req"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--litellm", default=None, help="the litellm command (default: on PATH)")
+    parser.add_argument("--serve-openai", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_openai is not None:
+        serve_openai_endpoint(args.serve_openai)
+        return
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
