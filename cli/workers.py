@@ -44,7 +44,7 @@ from kernel.errors import ConfigurationError
 log = logging.getLogger("lego_proxy.workers")
 
 HEAD_LIMIT = 16 * 1024  # bytes of a request head the parent looks at
-HEAD_WAIT_S = 10.0  # a connection that sends no complete head by then goes to worker 0
+HEAD_WAIT_S = 10.0  # no complete head by then: routed by what came, else by address
 READY = b"R"  # a worker's first message on its channel: it serves from now on
 START_TIMEOUT_S = 300.0
 WORKER_HEADER = "x-lego-worker"
