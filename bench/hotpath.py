@@ -20,11 +20,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,9 +33,7 @@ if not __package__:
 
 import httpx
 
-from bench.overhead import MESSAGES, VARIANTS, Proxy, cpu_seconds, start_engine, start_proxy
-from engine.tiny import ensure_tiny_model
-from kernel.paths import default_model_dir
+from bench.overhead import MESSAGES, VARIANTS, Proxy, cpu_seconds, stack
 
 # (layer, substrings of a frame's file path), most specific first.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -117,28 +113,18 @@ def run(args: argparse.Namespace) -> int:
     if spy is None:
         print("bench.hotpath needs py-spy: pip install py-spy", file=sys.stderr)
         return 2
-    root = Path(tempfile.mkdtemp(prefix="lego-hotpath-"))
-    model = ensure_tiny_model(default_model_dir(root))
-    env = {**os.environ, "LEGO_DATA_DIR": str(root)}
-    engine, engine_url = start_engine(root, model, env)
-    processes = [engine]
-    try:
-        proxy = start_proxy(args.variant, root, model, engine_url, env)
-        processes.append(proxy.process)
+    with stack("lego-hotpath-") as ready:
+        proxy = ready.proxy(args.variant)
         keys = [proxy.new_session() for _ in range(args.concurrency)]
         asyncio.run(load(proxy, keys, 2.0))  # warm caches and connections
-        raw = root / "py-spy.txt"
+        raw = ready.root / "py-spy.txt"
         command = [spy, "record", "--pid", str(proxy.process.pid), "--rate", str(args.rate)]
         command += ["--duration", str(args.seconds), "--format", "raw", "--output", str(raw)]
         command += ["--nolineno", "--full-filenames"]
         # Native stacks need the process paused at each sample; Python-only ones do not.
         command += ["--native"] if args.native else ["--nonblocking"]
         command += ["--gil"] if args.gil else []
-        record = subprocess.Popen(
-            command,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        record = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(0.5)  # py-spy attaches before the load starts
         cpu = cpu_seconds(proxy.process.pid)
         turns = asyncio.run(load(proxy, keys, args.seconds))
@@ -150,10 +136,6 @@ def run(args: argparse.Namespace) -> int:
         text = raw.read_text()
         if args.raw is not None:
             Path(args.raw).write_text(text)
-    finally:
-        for process in reversed(processes):
-            process.terminate()
-            process.wait(timeout=30)
     layers, leaves, total = summarise(text)
     print(
         f"variant {args.variant}, c={args.concurrency}: {turns} turns in {args.seconds} s "

@@ -29,7 +29,8 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,41 +198,80 @@ def start_engine(
     return engine, url
 
 
-def run(args: argparse.Namespace) -> None:
-    root = Path(tempfile.mkdtemp(prefix="lego-bench-"))
+@dataclass
+class Stack:
+    """A data directory with the tiny model, the zero-compute engine, and every process
+    started on it (stopped, newest first, when the ``stack`` block ends)."""
+
+    root: Path
+    model: Path
+    env: dict[str, str]
+    engine: subprocess.Popen[bytes]
+    engine_url: str
+    processes: list[subprocess.Popen[bytes]]
+
+    def proxy(self, variant: str) -> Proxy:
+        proxy = start_proxy(variant, self.root, self.model, self.engine_url, self.env)
+        self.processes.append(proxy.process)
+        return proxy
+
+
+@contextmanager
+def stack(prefix: str) -> Iterator[Stack]:
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     model = ensure_tiny_model(default_model_dir(root))
     env = {**os.environ, "LEGO_DATA_DIR": str(root)}
     engine, engine_url = start_engine(root, model, env)
     processes = [engine]
     try:
-        proxies = []
-        for name in args.variants:
-            proxies.append(start_proxy(name, root, model, engine_url, env))
-            processes.append(proxies[-1].process)
-        # The direct path sends exactly what the proxy sends the engine for this turn.
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
-        prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
-        generate_body = {
-            "input_ids": tokenizer.encode(prompt, add_special_tokens=False),
-            "sampling_params": {
-                "max_new_tokens": 16,
-                "skip_special_tokens": False,
-                "no_stop_trim": True,
-                "spaces_between_special_tokens": False,
-            },
-            "stream": True,
-            "return_logprob": True,
-            "return_routed_experts": True,
-            "routed_experts_start_len": 0,
-        }
-        chat_body = {"model": "bench", "messages": MESSAGES, "max_tokens": 16}
-        asyncio.run(compare(args, engine, engine_url, proxies, chat_body, generate_body, root))
+        yield Stack(root, model, env, engine, engine_url, processes)
     finally:
         for process in reversed(processes):
             process.terminate()
             process.wait(timeout=30)
+
+
+def generate_body(model: Path) -> dict[str, object]:
+    """The engine request the proxy sends for the bench's turn: the direct path's body."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    return {
+        "input_ids": tokenizer.encode(prompt, add_special_tokens=False),
+        "sampling_params": {
+            "max_new_tokens": 16,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+            "spaces_between_special_tokens": False,
+        },
+        "stream": True,
+        "return_logprob": True,
+        "return_routed_experts": True,
+        "routed_experts_start_len": 0,
+    }
+
+
+def direct_call(engine_url: str, body: dict[str, object]) -> Call:
+    """One turn straight to the engine, its stream read to the end."""
+
+    async def call(client: httpx.AsyncClient, slot: int) -> None:
+        async with client.stream("POST", f"{engine_url}/generate", json=body) as response:
+            async for _ in response.aiter_lines():
+                pass
+            response.raise_for_status()
+
+    return call
+
+
+def run(args: argparse.Namespace) -> None:
+    with stack("lego-bench-") as ready:
+        proxies = [ready.proxy(name) for name in args.variants]
+        chat_body = {"model": "bench", "messages": MESSAGES, "max_tokens": 16}
+        body = generate_body(ready.model)
+        asyncio.run(
+            compare(args, ready.engine, ready.engine_url, proxies, chat_body, body, ready.root)
+        )
 
 
 async def compare(
@@ -244,11 +284,7 @@ async def compare(
     disk: Path,
 ) -> None:
 
-    async def direct(client: httpx.AsyncClient, slot: int) -> None:
-        async with client.stream("POST", f"{engine_url}/generate", json=generate_body) as response:
-            async for _ in response.aiter_lines():
-                pass
-            response.raise_for_status()
+    direct = direct_call(engine_url, generate_body)
 
     keys: dict[str, list[str]] = {}
     for proxy in proxies:

@@ -22,14 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,14 +40,15 @@ from fastapi.responses import JSONResponse
 
 from bench.overhead import (
     MESSAGES,
+    Call,
     Measured,
+    Stack,
+    direct_call,
+    generate_body,
     measure,
     percentile,
-    start_engine,
-    start_proxy,
+    stack,
 )
-from engine.tiny import ensure_tiny_model
-from kernel.paths import default_model_dir
 from kernel.process import ServerDidNotStart, python_module, start_server
 from kernel.threaded import free_port
 
@@ -65,9 +62,8 @@ class System:
 
     name: str
     pid: int
-    call: Callable[[httpx.AsyncClient, int], Awaitable[None]]
+    call: Call
     baseline: str  # which direct call it is compared with
-    baseline_pid: int
 
 
 def openai_endpoint_app() -> FastAPI:
@@ -117,100 +113,61 @@ def litellm_command(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> None:
-    root = Path(tempfile.mkdtemp(prefix="lego-peers-"))
-    model = ensure_tiny_model(default_model_dir(root))
-    env = {**os.environ, "LEGO_DATA_DIR": str(root)}
-    engine, engine_url = start_engine(root, model, env)
-    processes: list[subprocess.Popen[bytes]] = [engine]
-    try:
-        proxy = start_proxy("default", root, model, engine_url, env)
-        processes.append(proxy.process)
+    with stack("lego-peers-") as ready:
+        proxy = ready.proxy("default")
         keys = [proxy.new_session() for _ in range(max(args.concurrency))]
-        systems: list[System] = []
-        direct: dict[str, tuple[int, Callable[[httpx.AsyncClient, int], Awaitable[None]]]] = {}
-        direct["sglang engine"] = (engine.pid, _direct_generate(engine_url, model))
-        systems.append(
-            System(
-                "lego-proxy",
-                proxy.process.pid,
-                _chat(proxy.url, "bench", keys),
-                "sglang engine",
-                engine.pid,
-            )
-        )
+        engine_call = direct_call(ready.engine_url, generate_body(ready.model))
+        direct: dict[str, tuple[int, Call]] = {"sglang engine": (ready.engine.pid, engine_call)}
+        lego = _chat(proxy.url, "bench", keys)
+        systems = [System("lego-proxy", proxy.process.pid, lego, "sglang engine")]
         litellm = litellm_command(args)
         if litellm is None:
             print("LiteLLM: skipped (no `litellm` command; pip install 'litellm[proxy]')")
         else:
-            openai_port, litellm_port = free_port(), free_port()
-            openai_url = f"http://127.0.0.1:{openai_port}"
-            endpoint = start_server(
-                python_module("bench.peers", "--serve-openai", str(openai_port)),
-                env,
-                f"{openai_url}/health",
-                root / "openai.log",
-            )
-            processes.append(endpoint)
-            litellm_url = f"http://127.0.0.1:{litellm_port}"
-            try:
-                peer = start_server(
-                    [
-                        *(litellm, "--model", "openai/bench", "--api_base", f"{openai_url}/v1"),
-                        *("--port", str(litellm_port), "--num_workers", "1"),
-                    ],
-                    {**env, "OPENAI_API_KEY": "bench", "LITELLM_MASTER_KEY": LITELLM_KEY},
-                    f"{litellm_url}/health/liveliness",
-                    root / "litellm.log",
-                )
-            except ServerDidNotStart as exc:
-                print(f"LiteLLM: skipped (it did not start: {exc.message[-500:]})")
-            else:
-                processes.append(peer)
-                direct["openai endpoint"] = (endpoint.pid, _chat(openai_url, "bench", None))
-                systems.append(
-                    System(
-                        "LiteLLM",
-                        peer.pid,
-                        _chat(litellm_url, "openai/bench", [LITELLM_KEY] * max(args.concurrency)),
-                        "openai endpoint",
-                        endpoint.pid,
-                    )
-                )
+            started = _start_litellm(ready, litellm, max(args.concurrency))
+            if started is not None:
+                endpoint, peer = started
+                direct[peer.baseline] = endpoint
+                systems.append(peer)
         asyncio.run(compare(args, direct, systems))
-    finally:
-        for process in reversed(processes):
-            process.terminate()
-            process.wait(timeout=30)
 
 
-def _direct_generate(
-    engine_url: str, model: Path
-) -> Callable[[httpx.AsyncClient, int], Awaitable[None]]:
-    from transformers import AutoTokenizer
+def _start_litellm(
+    ready: Stack, litellm: str, clients: int
+) -> tuple[tuple[int, Call], System] | None:
+    """The zero-compute OpenAI endpoint and LiteLLM's proxy in front of it, or None (said
+    why) when LiteLLM does not start."""
+    openai_port, litellm_port = free_port(), free_port()
+    openai_url = f"http://127.0.0.1:{openai_port}"
+    endpoint = start_server(
+        python_module("bench.peers", "--serve-openai", str(openai_port)),
+        ready.env,
+        f"{openai_url}/health",
+        ready.root / "openai.log",
+    )
+    ready.processes.append(endpoint)
+    litellm_url = f"http://127.0.0.1:{litellm_port}"
+    try:
+        peer = start_server(
+            [
+                *(litellm, "--model", "openai/bench", "--api_base", f"{openai_url}/v1"),
+                *("--port", str(litellm_port), "--num_workers", "1"),
+            ],
+            {**ready.env, "OPENAI_API_KEY": "bench", "LITELLM_MASTER_KEY": LITELLM_KEY},
+            f"{litellm_url}/health/liveliness",
+            ready.root / "litellm.log",
+        )
+    except ServerDidNotStart as exc:
+        print(f"LiteLLM: skipped (it did not start: {exc.message[-500:]})")
+        return None
+    ready.processes.append(peer)
+    call = _chat(litellm_url, "openai/bench", [LITELLM_KEY] * clients)
+    return (endpoint.pid, _chat(openai_url, "bench", None)), System(
+        "LiteLLM", peer.pid, call, "openai endpoint"
+    )
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
-    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
-    body = {
-        "input_ids": tokenizer.encode(prompt, add_special_tokens=False),
-        "sampling_params": {"max_new_tokens": REPLY_TOKENS, "skip_special_tokens": False},
-        "stream": True,
-        "return_logprob": True,
-        "return_routed_experts": True,
-        "routed_experts_start_len": 0,
-    }
 
-    async def call(client: httpx.AsyncClient, slot: int) -> None:
-        async with client.stream("POST", f"{engine_url}/generate", json=body) as response:
-            async for _ in response.aiter_lines():
-                pass
-            response.raise_for_status()
-
-    return call
-
-
-def _chat(
-    url: str, model: str, keys: list[str] | None
-) -> Callable[[httpx.AsyncClient, int], Awaitable[None]]:
+def _chat(url: str, model: str, keys: list[str] | None) -> Call:
     body = {"model": model, "messages": MESSAGES, "max_tokens": REPLY_TOKENS}
 
     async def call(client: httpx.AsyncClient, slot: int) -> None:
@@ -225,7 +182,7 @@ def _chat(
 
 async def compare(
     args: argparse.Namespace,
-    direct: dict[str, tuple[int, Callable[[httpx.AsyncClient, int], Awaitable[None]]]],
+    direct: dict[str, tuple[int, Call]],
     systems: list[System],
 ) -> None:
     for concurrency in args.concurrency:

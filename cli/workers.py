@@ -17,8 +17,8 @@ database (``proxy.pipeline``), as replicas do (docs/design.md, Scale-out).
 Each worker is a replica: its own spool and journal (``recorder.disks``: ``<port>.w<i>``),
 the shared database and backend. Every response names its worker in ``x-lego-worker``.
 A worker that dies is started again (its journal is replayed by the next start); until it
-is back and ready, the connections it would get go to the next live worker. SIGTERM or SIGINT stops
-accepting, passes the signal on and waits for each worker's graceful shutdown.
+is back and ready, the connections it would get go to the next live worker. SIGTERM or
+SIGINT stops accepting, passes the signal on and waits for each worker's graceful shutdown.
 
 Contract: ``worker_for(key, n)`` is the stable worker index of a session key;
 ``session_key_of(head)`` the key in a request head (or None); ``run_front(...)`` runs the
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from kernel.errors import ConfigurationError
+from proxy.routes.inference import key_of
 
 log = logging.getLogger("lego_proxy.workers")
 
@@ -56,25 +57,18 @@ def worker_for(key: str, workers: int) -> int:
 
 
 def session_key_of(head: bytes) -> str | None:
-    """The session key a request head names, in the routes' order (``proxy.routes``)."""
+    """The session key a request head names, by the routes' rule (``proxy.routes.inference``)."""
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ")
+    path_key = None
     if len(parts) >= 2 and parts[1].startswith(b"/s/"):
-        key = parts[1][3:].split(b"/", 1)[0].split(b"?", 1)[0]
-        if key:
-            return key.decode("latin-1")
-    bearer: str | None = None
-    api_key: str | None = None
+        path_key = parts[1][3:].split(b"/", 1)[0].split(b"?", 1)[0].decode("latin-1")
+    headers: dict[bytes, str] = {}
     for line in lines[1:]:
         name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"authorization":
-            scheme, _, token = value.strip().partition(b" ")
-            if scheme.lower() == b"bearer" and token.strip():
-                bearer = token.strip().decode("latin-1")
-        elif name == b"x-api-key" and value.strip():
-            api_key = value.strip().decode("latin-1")
-    return bearer or api_key
+        # The first of a repeated header, as Starlette's ``headers.get`` reads it.
+        headers.setdefault(name.strip().lower(), value.strip().decode("latin-1"))
+    return key_of(path_key, headers.get(b"authorization", ""), headers.get(b"x-api-key"))
 
 
 def _wake(ready: asyncio.Future[None]) -> None:
@@ -121,7 +115,6 @@ class _Worker:
     process: subprocess.Popen[bytes] | None = None
     channel: socket.socket | None = None
     env: dict[str, str] = field(default_factory=dict)
-    restarts: int = 0
     ready: bool = False  # it said READY: connections handed to it are served at once
 
     def start(self) -> None:
@@ -252,7 +245,6 @@ class Front:
                     continue
                 code = worker.process.returncode if worker.process else None
                 log.error("worker %d exited (%s); starting it again", worker.index, code)
-                worker.restarts += 1
                 if worker.channel is not None:
                     worker.channel.close()
                 worker.start()

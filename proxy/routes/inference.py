@@ -49,14 +49,20 @@ Resolver = Callable[[AppState, SessionInfo, ChatRequest], Awaitable[ChatRequest]
 Events = AsyncGenerator[OutputEvent, None]
 
 
-def session_key(request: Request, path_key: str | None) -> str | None:
+def key_of(path_key: str | None, authorization: str, api_key: str | None) -> str | None:
+    """The session key a request names: its ``/s/{key}/`` path, else its bearer token, else
+    its ``x-api-key`` (``serve --workers`` routes connections by the same rule)."""
     if path_key:
         return path_key
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return request.headers.get("x-api-key") or None
+    return api_key or None
+
+
+def session_key(request: Request, path_key: str | None) -> str | None:
+    headers = request.headers
+    return key_of(path_key, headers.get("authorization", ""), headers.get("x-api-key"))
 
 
 async def read_body(request: Request, limit: int) -> bytes:
