@@ -14,9 +14,15 @@ Variants (``--variants``): ``default`` (what ``lego-proxy serve`` runs: uvloop +
 where installed), ``asyncio-h11`` (the stdlib loop and the pure-Python parser),
 ``no-journal`` (``LEGO_JOURNAL=false``: no fsync per turn), ``workers-2`` and ``workers-4``
 (``serve --workers N``; its CPU is the parent's and the workers' together).
-Each concurrent client is one harness: its own session and its own keep-alive connection.
+``--database postgres`` gives each proxy its own database on a scratch Postgres
+(``recorder.scratch_postgres``: ``LEGO_TEST_POSTGRES_URL`` or a throwaway cluster) instead
+of its own SQLite file. ``--baseline DIR`` adds ``baseline``: the default variant run
+from another checkout (a ``git worktree add DIR <commit>``), so a change is measured
+against its parent in the same rounds. Each concurrent client is one harness: its own
+session and its own keep-alive connection.
 
     python -m bench.overhead [--requests 600] [--concurrency 1 16 64] [--variants default ...]
+        [--baseline DIR] [--database sqlite|postgres]
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +46,7 @@ from engine.tiny import ensure_tiny_model
 from kernel.paths import default_model_dir
 from kernel.process import python_module, start_server
 from kernel.threaded import free_port
+from recorder.scratch_postgres import running_postgres
 
 ADMIN_KEY = "bench-admin-key"
 MESSAGES = [
@@ -54,6 +61,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "workers-2": (("--workers", "2"), {}),
     "workers-4": (("--workers", "4"), {}),
 }
+BASELINE = "baseline"  # the default variant, from the checkout --baseline names
 FSYNC_SAMPLES = 50  # per round
 
 
@@ -149,8 +157,20 @@ async def measure(call: Call, requests: int, concurrency: int, pid: int) -> Meas
     return Measured(latencies, requests / elapsed, cpu)
 
 
-def start_proxy(name: str, root: Path, model: Path, engine_url: str, env: dict[str, str]) -> Proxy:
-    args, extra_env = VARIANTS[name]
+def start_proxy(
+    name: str,
+    root: Path,
+    model: Path,
+    engine_url: str,
+    env: dict[str, str],
+    checkout: Path | None = None,
+    database_url: str | None = None,
+) -> Proxy:
+    """``name``'s proxy; from ``checkout`` (its ``cli.main``) when given, else from here;
+    on ``database_url`` when given, else on a SQLite file of its own."""
+    args, extra_env = VARIANTS["default" if name == BASELINE else name]
+    if database_url is not None:
+        extra_env = {**extra_env, "LEGO_DATABASE_URL": database_url}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     data = root / name  # its own SQLite file and journal
@@ -169,6 +189,7 @@ def start_proxy(name: str, root: Path, model: Path, engine_url: str, env: dict[s
         proxy_env,
         f"{url}/healthz",
         root / f"proxy-{name}.log",
+        cwd=checkout,
     )
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     run_id = httpx.post(f"{url}/api/v1/runs", json={"name": "bench"}, headers=admin).json()["id"]
@@ -210,8 +231,12 @@ class Stack:
     engine_url: str
     processes: list[subprocess.Popen[bytes]]
 
-    def proxy(self, variant: str) -> Proxy:
-        proxy = start_proxy(variant, self.root, self.model, self.engine_url, self.env)
+    def proxy(
+        self, variant: str, checkout: Path | None = None, database_url: str | None = None
+    ) -> Proxy:
+        proxy = start_proxy(
+            variant, self.root, self.model, self.engine_url, self.env, checkout, database_url
+        )
         self.processes.append(proxy.process)
         return proxy
 
@@ -265,8 +290,17 @@ def direct_call(engine_url: str, body: dict[str, object]) -> Call:
 
 
 def run(args: argparse.Namespace) -> None:
-    with stack("lego-bench-") as ready:
-        proxies = [ready.proxy(name) for name in args.variants]
+    # The databases outlive the proxies (stopped first, by ``stack``).
+    with ExitStack() as databases, stack("lego-bench-") as ready:
+        names = ([BASELINE] if args.baseline is not None else []) + list(args.variants)
+        urls: list[str | None] = [None] * len(names)  # None: a SQLite file of its own
+        if args.database == "postgres":
+            server = databases.enter_context(running_postgres())
+            urls = [asyncio.run(server.create_database("lego_bench")) for _ in names]
+        proxies = [
+            ready.proxy(name, args.baseline if name == BASELINE else None, url)
+            for name, url in zip(names, urls, strict=True)
+        ]
         chat_body = {"model": "bench", "messages": MESSAGES, "max_tokens": 16}
         body = generate_body(ready.model)
         asyncio.run(
@@ -366,7 +400,16 @@ def main() -> None:
     parser.add_argument(
         "--variants", nargs="+", choices=sorted(VARIANTS), default=["default", "asyncio-h11"]
     )
-    run(parser.parse_args())
+    parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of another commit: its default variant runs in the same rounds",
+    )
+    args = parser.parse_args()
+    if args.baseline is not None and not (args.baseline / "cli" / "main.py").is_file():
+        parser.error(f"--baseline {args.baseline}: no cli/main.py there (a lego-proxy checkout?)")
+    run(args)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,16 @@ def python_module(name: str, *args: str) -> list[str]:
 
 
 def start_server(
-    cmd: list[str], env: dict[str, str], url: str, log: Path, *, timeout_s: float = 240.0
+    cmd: list[str],
+    env: dict[str, str],
+    url: str,
+    log: Path,
+    *,
+    timeout_s: float = 240.0,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     with log.open("wb") as sink:
-        process = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=cwd)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
