@@ -2,16 +2,26 @@
 
 Owns the dialect policy shared by the store and the migrator:
 
-- ``postgresql+asyncpg://...``: a pooled engine with pre-ping, so connections broken by a
-  database restart are replaced instead of failing the next write.
+- ``postgresql+asyncpg://...``: a pooled engine that pings a connection idle for longer than
+  ``PING_IDLE_S`` before handing it out, so connections broken by a database restart (or
+  closed by an idle timeout) are replaced instead of failing the next write. Not every
+  checkout: SQLAlchemy's ``pool_pre_ping`` costs three round trips each time (BEGIN, the
+  ping, ROLLBACK), as much CPU as the statement it guards on a turn's hot path, and a
+  connection in steady use is known to work. One that broke within the last second fails
+  its statement; the driver marks the pool's connections stale, so the retry (the writer
+  retries every batch) gets a new one.
 - ``sqlite+aiosqlite:///path``: the file's parent directory is created; every connection
   runs in WAL mode (readers never block the writer) with a busy timeout (a writer waits for
   the file lock instead of failing at once) and enforced foreign keys (SQLite's default is
-  off, Postgres always enforces them; both must refuse the same writes).
+  off, Postgres always enforces them; both must refuse the same writes). The same file
+  may also be opened synchronously (``create_sqlite_file_engine``, Python's ``sqlite3``
+  with the same pragmas) for statements that run whole on a thread: aiosqlite is
+  ``sqlite3`` on a thread too, reached once per DBAPI call instead of once per statement.
 
 Both hide statement parameters from error messages: they hold harness conversations.
-Any other driver is refused with ``InvalidRequest``. ``transaction(engine, action)`` is the
-one place database failures become the project's errors: a clash with an existing row is
+Any other driver is refused with ``InvalidRequest``. ``transaction(engine, action)`` (and
+``sync_transaction`` for a synchronous engine) is the one place database failures become
+the project's errors (``translated``): a clash with an existing row is
 ``Conflict``; a value the database refuses to hold (SQLSTATE class 22, "data exception":
 NUL in text, an integer over its column's range, ...) is ``InvalidRequest``, since sending
 it again can never succeed; a database that cannot be reached (refused or lost
@@ -22,19 +32,28 @@ Each names the action.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy import event
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError, StatementError
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    IntegrityError,
+    SQLAlchemyError,
+    StatementError,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from kernel.errors import Conflict, InvalidRequest, LegoError, RecorderError, RecorderUnavailable
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+PING_IDLE_S = 1.0  # a pooled Postgres connection idle this long is pinged before use
 POSTGRES_DRIVER = "postgresql+asyncpg"
 SQLITE_DRIVER = "sqlite+aiosqlite"
 
@@ -73,25 +92,55 @@ async def transaction(engine: AsyncEngine, action: str) -> AsyncIterator[AsyncCo
             yield conn
     except LegoError:
         raise
-    except IntegrityError as exc:
-        raise Conflict(f"cannot {action}: {describe_error(exc)}") from exc
-    except StatementError as exc:
+    except (SQLAlchemyError, OSError) as exc:
+        raise translated(exc, action) from exc
+
+
+@asynccontextmanager
+async def autocommit(engine: AsyncEngine, action: str) -> AsyncIterator[AsyncConnection]:
+    """A connection outside any transaction (each statement commits by itself), for a
+    single read; failures raised as in ``transaction``."""
+    try:
+        async with engine.connect() as conn:
+            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+    except LegoError:
+        raise
+    except (SQLAlchemyError, OSError) as exc:
+        raise translated(exc, action) from exc
+
+
+@contextmanager
+def sync_transaction(engine: Engine, action: str) -> Iterator[Connection]:
+    """``transaction`` for a synchronous engine (``recorder.runner``'s SQLite thread)."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except LegoError:
+        raise
+    except (SQLAlchemyError, OSError) as exc:
+        raise translated(exc, action) from exc
+
+
+def translated(exc: SQLAlchemyError | OSError, action: str) -> LegoError:
+    """The project's error for a database failure while doing ``action``."""
+    if isinstance(exc, IntegrityError):
+        return Conflict(f"cannot {action}: {describe_error(exc)}")
+    if isinstance(exc, StatementError):
         if _refused_value(exc):
-            raise InvalidRequest(
+            return InvalidRequest(
                 f"cannot {action}: the database refused a value: {describe_error(exc)}"
-            ) from exc
+            )
         if _unreachable(exc):
-            raise RecorderUnavailable(
+            return RecorderUnavailable(
                 f"cannot {action}: the database is unavailable: {describe_error(exc)}"
-            ) from exc
-        raise RecorderError(f"cannot {action}: database error: {describe_error(exc)}") from exc
-    except OSError as exc:
+            )
+        return RecorderError(f"cannot {action}: database error: {describe_error(exc)}")
+    if isinstance(exc, OSError):
         # asyncpg reports refused/reset connections as plain socket errors.
-        raise RecorderUnavailable(
+        return RecorderUnavailable(
             f"cannot {action}: the database is unavailable: {describe_error(exc)}"
-        ) from exc
-    except SQLAlchemyError as exc:
-        raise RecorderError(f"cannot {action}: database error: {describe_error(exc)}") from exc
+        )
+    return RecorderError(f"cannot {action}: database error: {describe_error(exc)}")
 
 
 def _refused_value(exc: StatementError) -> bool:
@@ -127,19 +176,52 @@ def create_engine(url: str, *, serialize_sqlite_transactions: bool = False) -> A
     """
     parsed = parse_url(url)
     if not is_sqlite(parsed):
-        return create_async_engine(
-            parsed, pool_pre_ping=True, pool_size=10, max_overflow=10, hide_parameters=True
-        )
+        engine = create_async_engine(parsed, pool_size=10, max_overflow=10, hide_parameters=True)
+        _ping_idle_connections(engine.sync_engine)
+        return engine
     database = parsed.database
     if database and database != ":memory:":
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_async_engine(parsed, hide_parameters=True)
-    _install_sqlite_pragmas(engine, serialize_sqlite_transactions)
+    _install_sqlite_pragmas(engine.sync_engine, serialize_sqlite_transactions)
     return engine
 
 
-def _install_sqlite_pragmas(engine: AsyncEngine, serialize: bool) -> None:
-    # The DBAPI objects here are SQLAlchemy's aiosqlite adapters, which are untyped.
+def create_sqlite_file_engine(url: str) -> Engine | None:
+    """A synchronous engine (Python's ``sqlite3``) on the SQLite file ``url`` names, with
+    the same pragmas, for statements run whole on a thread (``recorder.runner``); None
+    for Postgres and for an in-memory database (a second engine would see another one)."""
+    parsed = parse_url(url)
+    if not is_sqlite(parsed) or parsed.database in (None, "", ":memory:"):
+        return None
+    engine = create_sync_engine(parsed.set(drivername="sqlite"), hide_parameters=True)
+    _install_sqlite_pragmas(engine, False)
+    return engine
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    # SQLAlchemy's documented custom pessimistic ping: DisconnectionError from a checkout
+    # listener makes the pool drop that connection and check out another one.
+    checked_in = "lego_checked_in"
+
+    def on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info[checked_in] = time.monotonic()
+
+    def on_checkout(dbapi_connection: Any, record: Any, _proxy: object) -> None:
+        now = time.monotonic()
+        if now - record.info.get(checked_in, now) <= PING_IDLE_S:
+            return  # new, or in steady use
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:  # whatever the driver raises for a dead connection
+            raise DisconnectionError(f"an idle pooled connection is dead: {exc!r}") from exc
+
+    event.listen(engine, "checkin", on_checkin)
+    event.listen(engine, "checkout", on_checkout)
+
+
+def _install_sqlite_pragmas(engine: Engine, serialize: bool) -> None:
+    # The DBAPI objects here are sqlite3's or SQLAlchemy's aiosqlite adapters (untyped).
     def on_connect(dbapi_connection: Any, _record: object) -> None:
         if serialize:
             # Python's sqlite3 would otherwise open transactions implicitly (and not for
@@ -153,13 +235,13 @@ def _install_sqlite_pragmas(engine: AsyncEngine, serialize: bool) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    event.listen(engine.sync_engine, "connect", on_connect)
+    event.listen(engine, "connect", on_connect)
     if serialize:
 
         def on_begin(connection: Any) -> None:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
-        event.listen(engine.sync_engine, "begin", on_begin)
+        event.listen(engine, "begin", on_begin)
 
 
 def _switch_to_wal(cursor: Any) -> None:
