@@ -58,6 +58,7 @@ import orjson
 from kernel.errors import BackendError, BackendMisconfigured, BackendUnavailable
 from proxy.backend_wire import (
     GenerationDelta,
+    SseData,
     http_error,
     inband_error,
     read_delta,
@@ -390,42 +391,41 @@ class SGLangBackend:
                 await response.aread()
                 raise http_error(response)
             seen = 0
-            lines = response.aiter_lines()
-            async for line in lines:
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                chunk = orjson.loads(payload)
-                if "error" in chunk:
-                    raise inband_error(chunk["error"])
-                delta, seen = read_delta(chunk, seen)
-                if delta.ids:
-                    yield delta
-                meta = chunk.get("meta_info", {})
-                finish = meta.get("finish_reason")
-                if finish is not None:
-                    end = Finish(
-                        type=str(finish.get("type")),
-                        matched=finish.get("matched"),
-                        message=finish.get("message"),
-                        status_code=finish.get("status_code"),
-                    )
-                    if end.type == "abort" and end.status_code is not None:
-                        # SGLang's refusals and timeouts: an error, not a pause to resume.
-                        raise refusal(str(end.message), int(end.status_code))
-                    await self._drain(lines)
-                    yield GenerationEnd(
-                        finish=end,
-                        weight_version=str(meta.get("weight_version", "default")),
-                        prompt_tokens=int(meta.get("prompt_tokens", len(call.input_ids))),
-                        routed_experts=self._decode_experts(
-                            meta.get("routed_experts"), call.routed_experts_start_len or 0
-                        ),
-                        weight_version_spans=spans(meta.get("weight_versions"), seen),
-                    )
-                    return
+            framing = SseData()
+            chunks = response.aiter_bytes()
+            async for received in chunks:
+                for payload in framing.feed(received):
+                    if payload == b"[DONE]":
+                        raise BackendError("backend stream ended without a finish reason")
+                    chunk = orjson.loads(payload)
+                    if "error" in chunk:
+                        raise inband_error(chunk["error"])
+                    delta, seen = read_delta(chunk, seen)
+                    if delta.ids:
+                        yield delta
+                    meta = chunk.get("meta_info", {})
+                    finish = meta.get("finish_reason")
+                    if finish is not None:
+                        end = Finish(
+                            type=str(finish.get("type")),
+                            matched=finish.get("matched"),
+                            message=finish.get("message"),
+                            status_code=finish.get("status_code"),
+                        )
+                        if end.type == "abort" and end.status_code is not None:
+                            # SGLang's refusals and timeouts: an error, not a pause to resume.
+                            raise refusal(str(end.message), int(end.status_code))
+                        await self._drain(chunks)
+                        yield GenerationEnd(
+                            finish=end,
+                            weight_version=str(meta.get("weight_version", "default")),
+                            prompt_tokens=int(meta.get("prompt_tokens", len(call.input_ids))),
+                            routed_experts=self._decode_experts(
+                                meta.get("routed_experts"), call.routed_experts_start_len or 0
+                            ),
+                            weight_version_spans=spans(meta.get("weight_versions"), seen),
+                        )
+                        return
             raise BackendError("backend stream ended without a finish reason")
         except httpx.TransportError as exc:
             # The worker died under us: the harness retries, and the retry must not land
@@ -436,7 +436,7 @@ class SGLangBackend:
         finally:
             await response.aclose()
 
-    async def _drain(self, lines: AsyncIterator[str]) -> None:
+    async def _drain(self, chunks: AsyncIterator[bytes]) -> None:
         """Reads what follows the finish chunk (``data: [DONE]`` and the end of the chunked
         body) so the connection goes back to the pool: a response closed before its body
         ends takes its connection with it, and the next turn would pay a new TCP connect.
@@ -444,7 +444,7 @@ class SGLangBackend:
         connection, never a turn."""
         with contextlib.suppress(httpx.HTTPError, TimeoutError):
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
-                async for _ in lines:
+                async for _ in chunks:
                     pass
 
     async def abort(self, rid: str) -> None:

@@ -9,6 +9,10 @@ Owns the pure functions ``SGLangBackend`` reads a stream with (no IO):
   ``output_ids``.
 - ``spans(raw, output_len)``: ``meta_info.weight_versions`` as ``(version, start, end)``,
   which must cover the output exactly.
+- ``SseData``: the ``data:`` payloads of an SSE byte stream, framed on the bytes as they
+  arrive (no text decoding: the payloads go to ``orjson`` as bytes). Lines end in ``\n``
+  or ``\r\n``; other fields and comments are skipped, and a line cut across chunks is
+  joined.
 - ``refusal(message, status)``, ``http_error(response)``, ``inband_error(error)``: what a
   backend error means for the harness's request: a 400 about the context or input length is
   ``ContextLengthExceeded``, any other 400 ``InvalidRequest`` (resending cannot help), 5xx
@@ -30,6 +34,25 @@ from kernel.errors import BackendError, ContextLengthExceeded, InvalidRequest, L
 class GenerationDelta:
     ids: tuple[int, ...]
     logprobs: tuple[float, ...]
+
+
+class SseData:
+    """Feed it the stream's byte chunks; each ``feed`` returns the ``data:`` payloads of
+    the lines it completed, in order (``b"[DONE]"`` included)."""
+
+    __slots__ = ("_partial",)
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines = (self._partial + chunk).split(b"\n") if self._partial else chunk.split(b"\n")
+        self._partial = lines.pop()  # what follows the last newline: not a line yet
+        payloads = []
+        for line in lines:
+            if line.startswith(b"data:"):
+                payloads.append(line[5:].strip())  # the optional space, a trailing \r
+        return payloads
 
 
 def read_delta(chunk: dict[str, object], seen: int) -> tuple[GenerationDelta, int]:
