@@ -166,6 +166,7 @@ def create_app(settings: Settings, *, instance: str | None = None) -> FastAPI:
                 spool=spool,
                 orphans=disks.orphans(),
                 journal=journal,
+                journal_after_s=settings.journal_after_s,
                 quarantine=disks.quarantine(disk_name),
                 metrics=metrics.recorder,
             )

@@ -124,8 +124,14 @@ class Settings(BaseSettings):
     )
     journal: bool = Field(
         default=True,
-        description="fsync each completed turn before its last byte goes out, so even "
-        "SIGKILL loses none",
+        description="fsync a completed turn the database has not taken in time before its "
+        "last byte goes out, so even SIGKILL loses none",
+    )
+    journal_after_s: float = Field(
+        default=0.02,
+        ge=0.0,
+        description="how long a completed turn waits for the database before it is "
+        "journaled instead (a database that took it made it as durable)",
     )
     engine_args: str = Field(
         default="",

@@ -14,6 +14,9 @@ Contract:
   turn durable in the database or fails it (``recorder.writer``).
 - ``await release(ids)`` is called once those turns are settled (in the database, in the
   spool, or dropped as unstorable); segments whose every turn is released are deleted.
+  Ids it never took cost nothing (the writer journals only a turn the database is slow
+  to take, and releases every batch), and a turn released while its append is still in
+  flight (its batch settled meanwhile) is released when the append lands.
   Segments rotate after ``rotate_records`` turns or ``rotate_age_s`` seconds.
 - Each proxy process journals into a directory of its own (a ``Spool``, locked while the
   process lives). What a dead process left behind is an orphan spool like any other: the
@@ -46,6 +49,8 @@ class Journal:
         self._waiting: list[tuple[StoredTurn, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._open: set[str] = set()  # ids in the segment being appended to, not released
+        self._appending: set[str] = set()  # ids waiting for their write + fsync
+        self._released_early: set[str] = set()  # of those, the ones settled meanwhile
         self._open_records = 0
         self._open_since = 0.0
         self._closed: list[tuple[Path, set[str]]] = []  # rotated segments, ids not released
@@ -64,6 +69,7 @@ class Journal:
     async def append(self, row: StoredTurn) -> bool:
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((row, done))
+        self._appending.add(row.id)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
         return await done
@@ -72,6 +78,7 @@ class Journal:
         while self._waiting:
             batch, self._waiting = self._waiting, []
             rows = [row for row, _ in batch]
+            ids = {row.id for row in rows}
             ok = False
             async with self._lock:
                 try:
@@ -86,17 +93,23 @@ class Journal:
                     ok = True
                     if not self._open_records:
                         self._open_since = time.monotonic()
-                    self._open.update(row.id for row in rows)
+                    self._open.update(ids - self._released_early)
                     self._open_records += len(rows)
                     self.appended += len(rows)
                     if self._open_records >= self._rotate_records:
                         await self._rotate()
+                finally:
+                    self._appending -= ids
+                    self._released_early -= ids
             for _, done in batch:
                 if not done.done():
                     done.set_result(ok)
 
     async def release(self, ids: Iterable[str]) -> None:
         released = set(ids)
+        self._released_early |= released & self._appending
+        if not (self._open_records or self._closed):
+            return  # nothing on disk (the usual case: the database took its turns in time)
         self._open -= released
         for _, pending in self._closed:
             pending -= released

@@ -40,17 +40,22 @@ with backoff, and the queue is unbounded.
 
 Crash window: a turn is durable once it is in the database, the spool or the journal.
 ``await submit_durable(turn)`` is what a completed turn's pipeline awaits before the
-harness receives the end of its response. It fsyncs the turn into the ``Journal`` (when
-there is one) and waits up to ``durable_wait_s`` for its batch to settle, and returns the
-``Durability`` reached: ``RECORDED`` (in the database: every replica sees it, so a finish
-posted after the harness ended finds it), ``LATE`` (the database took it after its session
-was finished, so it is stored ``failed``: a finished session takes no more turns, and an
-exported group never changes), or ``ON_DISK`` (journal or spool only: the database is
-away; the turn is replayed when it is back). When neither the journal nor the spool nor
-the database has the turn in time (a full disk during an outage) it raises
-``RecorderUnavailable``: the harness's turn fails loudly rather than being silently
-undurable; the turn stays queued and is written when the database returns. A dead proxy's
-journal is replayed at the next start, so even SIGKILL loses no turn the harness has.
+harness receives the end of its response. It queues the turn at once (no batching delay)
+and waits for its batch to settle; only a turn the database has not taken within
+``journal_after_s`` is fsync'd into the ``Journal`` (when there is one), after which it
+waits up to ``durable_wait_s`` more. A database that took the turn made it as durable as
+the journal would (Postgres and SQLite both sync a commit), so in the common case no fsync
+of the proxy's own is paid, and the journal carries exactly the turns of a slow or absent
+database. It returns the ``Durability`` reached: ``RECORDED`` (in the database: every
+replica sees it, so a finish posted after the harness ended finds it), ``LATE`` (the
+database took it after its session was finished, so it is stored ``failed``: a finished
+session takes no more turns, and an exported group never changes), or ``ON_DISK``
+(journal or spool only: the database is away; the turn is replayed when it is back). When
+neither the journal nor the spool nor the database has the turn in time (a full disk
+during an outage) it raises ``RecorderUnavailable``: the harness's turn fails loudly
+rather than being silently undurable; the turn stays queued and is written when the
+database returns. A dead proxy's journal is replayed at the next start, so even SIGKILL
+loses no turn the harness has.
 
 A full or read-only spool disk never stops the writer: a batch the spool refuses is
 offered to the database, and while neither takes it the batch stays at the head of the
@@ -110,6 +115,7 @@ class TurnWriter:
         retry_initial_s: float = 0.1,
         retry_max_s: float = 5.0,
         write_timeout_s: float = 1.0,
+        journal_after_s: float = 0.02,
         durable_wait_s: float = 1.0,
         max_pending: int = 2_000,
         close_timeout_s: float = 5.0,
@@ -128,6 +134,7 @@ class TurnWriter:
         self._retry_initial_s = retry_initial_s
         self._retry_max_s = retry_max_s
         self._write_timeout_s = write_timeout_s
+        self._journal_after_s = journal_after_s
         self._durable_wait_s = durable_wait_s
         self._max_pending = max_pending
         self._close_timeout_s = close_timeout_s
@@ -190,17 +197,21 @@ class TurnWriter:
         except InvalidRequest:
             self.submit(turn)  # unstorable: the batch that takes it drops and counts it
             return Durability.ON_DISK
-        journaled = False
-        if self._journal is not None:
-            journaled = await self._journal.append(stored)
-            self._disk(journaled)
         self.start()
         settled: asyncio.Future[Durability] = asyncio.get_running_loop().create_future()
         self._waiting[stored.id] = settled
         self._enqueue(stored)
         self._flush_target = max(self._flush_target, self.submitted)  # no batching delay
         self._wake.set()
+        journaled = False
         try:
+            if self._journal is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._journal_after_s):
+                        return await asyncio.shield(settled)
+                # The database is slow or away: the turn goes to disk before its answer ends.
+                journaled = await self._journal.append(stored)
+                self._disk(journaled)
             async with asyncio.timeout(self._durable_wait_s):
                 return await asyncio.shield(settled)
         except TimeoutError:

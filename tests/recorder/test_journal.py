@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 from recorder.journal import Journal
+from recorder.migrate import upgrade_database
 from recorder.rows import StoredTurn, encode_turn
 from recorder.spool import Spool
 from recorder.store import Store
-from recorder.writer import TurnWriter
+from recorder.writer import Durability, TurnWriter
 from tests.recorder.builders import make_turn, rich_turn
 from tests.recorder.test_store import new_session
 
@@ -65,3 +67,60 @@ async def test_a_clean_writer_shutdown_leaves_no_journal(tmp_path: Path, store: 
     await writer.close()
     assert [t.id for t in await store.list_turns(session.id)] == [t.id for t in turns]
     assert not (tmp_path / "j" / "p1").exists()
+
+
+async def test_a_turn_released_while_its_append_is_in_flight_is_not_kept(tmp_path: Path) -> None:
+    """The writer journals a turn only once the database is slow to take it, so the batch
+    can settle (and release it) before the journal's write lands: the journal must not
+    then hold it forever."""
+    journal = Journal(Spool.open(tmp_path / "j" / "p1"))
+    (row,) = rows(1)
+    append = asyncio.create_task(journal.append(row))
+    await asyncio.sleep(0)  # the append is queued or being written, not landed
+    await journal.release([row.id])
+    assert await append
+    assert journal.unreleased == 0
+    await journal.close()
+    assert not (tmp_path / "j" / "p1").exists()  # nothing left to replay
+
+
+async def test_a_turn_the_database_takes_in_time_is_not_journaled(
+    tmp_path: Path, store: Store
+) -> None:
+    session = await new_session(store)
+    journal = Journal(Spool.open(tmp_path / "j" / "p1"))
+    writer = TurnWriter(store, journal=journal, journal_after_s=5.0)
+    try:
+        for seq in range(3):
+            assert await writer.submit_durable(make_turn(session.id, seq)) is Durability.RECORDED
+        assert journal.flushes == 0  # no fsync of the proxy's own: the database has them
+    finally:
+        await writer.close()
+    assert [t.seq for t in await store.list_turns(session.id)] == [0, 1, 2]
+
+
+async def test_a_turn_the_database_is_slow_to_take_is_journaled(tmp_path: Path) -> None:
+    database = tmp_path / "lego.sqlite3"
+    url = f"sqlite+aiosqlite:///{database}"
+    await upgrade_database(url)
+    store = await Store.open(url)
+    journal = Journal(Spool.open(tmp_path / "j" / "p1"))
+    writer = TurnWriter(store, journal=journal, journal_after_s=0.05, durable_wait_s=0.3)
+    try:
+        session = await new_session(store)
+        locker = sqlite3.connect(database, isolation_level=None)
+        locker.execute("BEGIN EXCLUSIVE")  # the batch waits on SQLite's lock
+        try:
+            turn = make_turn(session.id, 0)
+            assert await writer.submit_durable(turn) is Durability.ON_DISK
+            assert journal.appended == 1
+            assert journal.unreleased == 1  # on disk until the database has it
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        await asyncio.wait_for(writer.flush(), timeout=15)
+        assert [t.id for t in await store.list_turns(session.id)] == [turn.id]
+        assert journal.unreleased == 0
+    finally:
+        await writer.close()
+        await store.close()

@@ -151,7 +151,8 @@ async def test_a_durable_turn_is_encoded_once_for_the_journal_and_the_database(
 ) -> None:
     seen = SeenRows()
     store = await seen.store(database_url)
-    writer = TurnWriter(store, journal=seen.journal(tmp_path / "journal" / "p"))
+    # journal_after_s=0: every turn is journaled, as one the database is slow to take is.
+    writer = TurnWriter(store, journal=seen.journal(tmp_path / "journal" / "p"), journal_after_s=0)
     try:
         session = await new_session(store)
         turns = [make_turn(session.id, seq) for seq in range(3)]
@@ -174,6 +175,7 @@ async def test_a_spilled_durable_turn_is_the_row_the_journal_took(
     writer = TurnWriter(
         store,
         journal=seen.journal(tmp_path / "journal" / "p"),
+        journal_after_s=0,
         spool=seen.spool(tmp_path / "spool" / "p"),
         max_pending=0,  # every batch bypasses the database
     )
