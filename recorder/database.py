@@ -11,9 +11,10 @@ Owns the dialect policy shared by the store and the migrator:
   its statement; the driver marks the pool's connections stale, so the retry (the writer
   retries every batch) gets a new one.
 - ``sqlite+aiosqlite:///path``: the file's parent directory is created; every connection
-  runs in WAL mode (readers never block the writer) with a busy timeout (a writer waits for
-  the file lock instead of failing at once) and enforced foreign keys (SQLite's default is
-  off, Postgres always enforces them; both must refuse the same writes). The same file
+  runs in WAL mode (readers never block the writer), syncing every commit, with a busy
+  timeout (a writer waits for the file lock instead of failing at once) and enforced
+  foreign keys (SQLite's default is off, Postgres always enforces them; both must refuse
+  the same writes). The same file
   may also be opened synchronously (``create_sqlite_file_engine``, Python's ``sqlite3``
   with the same pragmas) for statements that run whole on a thread: aiosqlite is
   ``sqlite3`` on a thread too, reached once per DBAPI call instead of once per statement.
@@ -232,6 +233,9 @@ def _install_sqlite_pragmas(engine: Engine, serialize: bool) -> None:
         # connection may hold at that moment.
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         _switch_to_wal(cursor)
+        # Every commit synced (SQLite's usual default, pinned here): a turn the database
+        # took needs no journal entry of the proxy's own (recorder.writer).
+        cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 

@@ -170,3 +170,25 @@ async def test_postgres_pings_only_an_idle_connection(
         await killer.dispose()
         await store.close()
         await postgres_server.drop_database(url)
+
+
+async def test_both_engines_on_a_sqlite_file_sync_every_commit(tmp_path: Path) -> None:
+    """The writer skips the journal for a turn the database took, which is only as safe
+    as the database's commit: synchronous=FULL (2) on the async and the thread's engine."""
+    url = sqlite_url(tmp_path)
+    await upgrade_database(url)
+    engine = create_engine(url)
+    runner = runner_for(url, engine)
+    try:
+        async with engine.connect() as conn:
+            pragmas = (await conn.exec_driver_sql("PRAGMA synchronous")).scalar_one()
+        on_thread = await runner.read(
+            lambda conn: conn.exec_driver_sql("PRAGMA synchronous").scalar_one(), "pragma"
+        )
+        mode = await runner.read(
+            lambda conn: conn.exec_driver_sql("PRAGMA journal_mode").scalar_one(), "pragma"
+        )
+        assert (pragmas, on_thread, mode) == (2, 2, "wal")
+    finally:
+        await runner.close()
+        await engine.dispose()
