@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import aiohttp
 import httpx
 import orjson
 from fastapi import FastAPI, Request
@@ -33,7 +34,7 @@ from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter
 from proxy.adapters.signing import ReasoningSigner
-from proxy.backend import ExpertShape, SGLangBackend
+from proxy.backend import ExpertShape, SGLangBackend, stream_session
 from proxy.conversations import ConversationBook
 from proxy.embedded import EmbeddedEngine
 from proxy.gate import RunGate
@@ -120,6 +121,7 @@ def create_app(settings: Settings, *, instance: str | None = None) -> FastAPI:
         # start never leaves the engine child running.
         engine: EmbeddedEngine | None = None
         client: httpx.AsyncClient | None = None
+        streams: aiohttp.ClientSession | None = None
         store: Store | None = None
         exports: ExportStore | None = None
         backend: SGLangBackend | None = None
@@ -139,6 +141,7 @@ def create_app(settings: Settings, *, instance: str | None = None) -> FastAPI:
                 timeout=httpx.Timeout(settings.backend_timeout_s, connect=5.0),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
             )
+            streams = stream_session(settings.backend_timeout_s)
             store = await Store.open(settings.effective_database_url)
             exports = ExportStore.open(settings.effective_database_url)
             backend = SGLangBackend(
@@ -148,6 +151,7 @@ def create_app(settings: Settings, *, instance: str | None = None) -> FastAPI:
                 health_interval_s=settings.backend_health_interval_s,
                 context_length=settings.context_length,
                 require_experts=settings.return_routed_experts,
+                streams=streams,
             )
             try:
                 await backend.connect()
@@ -226,6 +230,8 @@ def create_app(settings: Settings, *, instance: str | None = None) -> FastAPI:
                 await store.close()
             if client is not None:
                 await client.aclose()
+            if streams is not None:
+                await streams.close()
             if engine is not None:
                 await engine.stop()
 

@@ -13,7 +13,7 @@ Owns the pure functions ``SGLangBackend`` reads a stream with (no IO):
   arrive (no text decoding: the payloads go to ``orjson`` as bytes). Lines end in ``\n``
   or ``\r\n``; other fields and comments are skipped, and a line cut across chunks is
   joined.
-- ``refusal(message, status)``, ``http_error(response)``, ``inband_error(error)``: what a
+- ``refusal(message, status)``, ``http_error(status, body)``, ``inband_error(error)``: what a
   backend error means for the harness's request: a 400 about the context or input length is
   ``ContextLengthExceeded``, any other 400 ``InvalidRequest`` (resending cannot help), 5xx
   and 429 a retryable ``BackendError``.
@@ -24,7 +24,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import httpx
 import orjson
 
 from kernel.errors import BackendError, ContextLengthExceeded, InvalidRequest, LegoError
@@ -129,12 +128,13 @@ def refusal(message: str, status: int) -> LegoError:
     )
 
 
-def http_error(response: httpx.Response) -> LegoError:
+def http_error(status: int, body: bytes) -> LegoError:
+    """A ``/generate`` answered with an error status (SGLang's JSON error, or any text)."""
     try:
-        message = _error_message(orjson.loads(response.content))
+        message = _error_message(orjson.loads(body))
     except orjson.JSONDecodeError:
-        message = response.text[:500]
-    return refusal(message, response.status_code)
+        message = body[:500].decode("utf-8", "replace")
+    return refusal(message, status)
 
 
 def inband_error(error: object) -> LegoError:
