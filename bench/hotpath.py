@@ -44,7 +44,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ledger", ("/proxy/ledger/",)),
     ("output parsing", ("/proxy/parsing/",)),
     ("adapters", ("/proxy/adapters/",)),
-    ("backend client (httpx)", ("/proxy/backend", "/httpx/", "/httpcore/")),
+    (
+        "backend client (aiohttp; httpx for control calls)",
+        ("/proxy/backend", "/aiohttp/", "/yarl/", "/multidict/", "/httpx/", "/httpcore/"),
+    ),
     ("tokenizer", ("/transformers/", "/tokenizers/")),
     ("pipeline and routes", ("/proxy/", "/kernel/")),
     ("inbound HTTP (uvicorn, Starlette, FastAPI)", ("/uvicorn/", "/starlette/", "/fastapi/")),

@@ -56,9 +56,9 @@ class SessionCache:
     async def _current(self, session: SessionInfo) -> SessionInfo:
         """The cached session, or its finished state when another replica finished it."""
         try:
-            finished = await asyncio.wait_for(
-                self._store.finished_termination(session.id), self._status_wait_s
-            )
+            # asyncio.timeout, not wait_for: no task of its own on every turn's admission.
+            async with asyncio.timeout(self._status_wait_s):
+                finished = await self._store.finished_termination(session.id)
         except (TimeoutError, LegoError):
             # Deliberately swallowed: the database is away, the cached status stands.
             return session

@@ -60,3 +60,21 @@ async def test_a_session_finished_elsewhere_takes_no_turn() -> None:
     store.finished = "completed"  # another replica finished it
     with pytest.raises(Conflict):
         await cache.active(KNOWN.key)
+
+
+class HangingStatus(SlowForUnknownKeys):
+    """A database that stopped answering status reads (the cached key lookup still works)."""
+
+    async def finished_termination(self, session_id: str) -> str | None:
+        await asyncio.Event().wait()
+        raise AssertionError("never answers")
+
+
+async def test_a_hanging_status_read_is_bounded_and_the_cached_status_stands() -> None:
+    cache = SessionCache(HangingStatus(), status_wait_s=0.2)
+    assert (await cache.active(KNOWN.key)).id == KNOWN.id  # first use: the key lookup
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    session = await asyncio.wait_for(cache.active(KNOWN.key), timeout=5)
+    assert session.status is SessionStatus.ACTIVE
+    assert 0.15 < loop.time() - began < 2.0  # waited for the status, but only so long
