@@ -8,14 +8,22 @@ session, per concurrent client) with the same two-message chat turn:
   (``bench.overhead``'s set-up); its baseline is that engine's ``/generate`` called directly;
 - LiteLLM's proxy, when its ``litellm`` command is installed (``--litellm PATH``, else the
   one on ``PATH``), in front of a zero-compute OpenAI endpoint (a fixed chat completion,
-  served by this module in its own process); its baseline is that endpoint called directly.
+  served by this module in its own process); its baseline is that endpoint called directly;
+- slime's OpenAI agent adapter (``slime.agent.adapters.OpenAIAdapter``, THUDM/slime: not on
+  PyPI), when ``--slime PATH`` names a checkout of it, in front of the same zero-compute
+  engine as lego-proxy (it renders the chat template itself and sends ``input_ids`` to
+  ``/generate``, unstreamed); ``bench.slime_runner`` serves it in its own process, run by
+  ``--slime-python`` (an interpreter with ``aiohttp``, ``httpx``, ``torch`` and
+  ``transformers``; default: this one). Its baseline is lego-proxy's: the engine's
+  ``/generate`` called directly. Each client is one session (its bearer key is the adapter's
+  session id).
 
 Per system: the added p50 against its own baseline, throughput as a ratio of its baseline's,
 and the proxy process's CPU per request. A peer that is not installed is skipped with the
-reason; the run goes on with the rest. slime's agent adapter has no runner here yet (it is
-not on PyPI): install it and add one to measure it in the same rounds.
+reason; the run goes on with the rest.
 
     python -m bench.peers [--requests 300] [--concurrency 1 16] [--litellm PATH]
+        [--slime PATH [--slime-python PYTHON]]
 """
 
 from __future__ import annotations
@@ -129,6 +137,12 @@ def run(args: argparse.Namespace) -> None:
                 endpoint, peer = started
                 direct[peer.baseline] = endpoint
                 systems.append(peer)
+        if args.slime is None:
+            print("slime: skipped (no --slime PATH: a THUDM/slime checkout; it is not on PyPI)")
+        else:
+            slime = _start_slime(ready, args.slime, args.slime_python, max(args.concurrency))
+            if slime is not None:
+                systems.append(slime)
         asyncio.run(compare(args, direct, systems))
 
 
@@ -165,6 +179,37 @@ def _start_litellm(
     return (endpoint.pid, _chat(openai_url, "bench", None)), System(
         "LiteLLM", peer.pid, call, "openai endpoint"
     )
+
+
+def _start_slime(ready: Stack, checkout: Path, python: str, clients: int) -> System | None:
+    """slime's OpenAI agent adapter in front of the zero-compute engine, or None (said why)
+    when it is not there or does not start."""
+    adapter = checkout / "slime" / "agent" / "adapters" / "openai.py"
+    if not adapter.is_file():
+        print(f"slime: skipped (no {adapter}: --slime is not a THUDM/slime checkout)")
+        return None
+    if shutil.which(python) is None:
+        print(f"slime: skipped (no interpreter {python}: see --slime-python)")
+        return None
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    runner = Path(__file__).with_name("slime_runner.py")
+    try:
+        process = start_server(
+            [
+                *(python, str(runner), "--slime", str(checkout), "--model", str(ready.model)),
+                *("--backend", ready.engine_url, "--port", str(port)),
+            ],
+            ready.env,
+            f"{url}/healthz",
+            ready.root / "slime.log",
+        )
+    except ServerDidNotStart as exc:
+        print(f"slime: skipped (its adapter did not start: {exc.message[-500:]})")
+        return None
+    ready.processes.append(process)
+    keys = [f"bench-{slot}" for slot in range(clients)]  # one adapter session per client
+    return System("slime adapter", process.pid, _chat(url, "bench", keys), "sglang engine")
 
 
 def _chat(url: str, model: str, keys: list[str] | None) -> Call:
@@ -225,6 +270,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--litellm", default=None, help="the litellm command (default: on PATH)")
+    parser.add_argument("--slime", type=Path, default=None, help="a THUDM/slime checkout")
+    parser.add_argument(
+        "--slime-python",
+        default=sys.executable,
+        help="the interpreter that runs slime's adapter (default: this one)",
+    )
     parser.add_argument("--serve-openai", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_openai is not None:
