@@ -128,7 +128,7 @@ class Settings(BaseSettings):
         "last byte goes out, so even SIGKILL loses none",
     )
     journal_after_s: float = Field(
-        default=0.02,
+        default=0.25,
         ge=0.0,
         description="how long a completed turn waits for the database before it is "
         "journaled instead (a database that took it made it as durable)",

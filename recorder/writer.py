@@ -115,7 +115,7 @@ class TurnWriter:
         retry_initial_s: float = 0.1,
         retry_max_s: float = 5.0,
         write_timeout_s: float = 1.0,
-        journal_after_s: float = 0.02,
+        journal_after_s: float = 0.25,
         durable_wait_s: float = 1.0,
         max_pending: int = 2_000,
         close_timeout_s: float = 5.0,
