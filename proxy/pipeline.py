@@ -56,7 +56,7 @@ from proxy.gate import RunGate
 from proxy.ledger import Classification, ForkReason, LedgerBook, PromptPlan
 from proxy.ledger.codec import answer_of
 from proxy.metrics import Metrics
-from proxy.parsing.parser import OutputParser
+from proxy.parsing.parser import OutputParser, parser_special_ids
 from proxy.settings import Settings, ToolParser
 from proxy.tokens import TokenIds
 from recorder.records import RoutedExperts, SessionInfo, TurnRecord, TurnStatus, TurnTimings
@@ -145,6 +145,7 @@ class Pipeline:
         self._gate = gate
         self._settings = settings
         self._tokenizer = tokenizer
+        self._special_ids = parser_special_ids(tokenizer)  # once, not per turn
         self._tool_parser = tool_parser
         self._ledger = ledger
         self._conversations = conversations
@@ -252,6 +253,7 @@ class Pipeline:
             call_id_prefix=f"call_{turn.turn_id[:16]}_",
             starts_in_reasoning=turn.starts_in_reasoning,
             tools_enabled=request.tool_choice.mode is not ToolChoiceMode.NONE,
+            special_ids=self._special_ids,
         )
         progress = _Progress()
         status = TurnStatus.FAILED

@@ -62,9 +62,16 @@ def special_token_ids(
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, keep: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        keep: Collection[str] = (),
+        special: frozenset[int] | None = None,
+    ) -> None:
+        """``special``: ``special_token_ids(tokenizer, keep)`` computed once by a caller
+        that makes a detokenizer per turn (it walks the tokenizer's added tokens)."""
         self._tokenizer = tokenizer
-        self._special = special_token_ids(tokenizer, keep)
+        self._special = special if special is not None else special_token_ids(tokenizer, keep)
         self._ids: list[int] = []
         self._prefix = 0  # start of the left context of the next window
         self._read = 0  # first token whose text has not been returned yet

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from kernel.errors import LegoError
 from proxy.canonical import OutputEvent, ReasoningDelta, TextDelta, ToolSpec
-from proxy.parsing.detokenize import IncrementalDetokenizer
+from proxy.parsing.detokenize import IncrementalDetokenizer, special_token_ids
 from proxy.parsing.holdback import StopTrimmer
 from proxy.parsing.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningSplitter, Split
 from proxy.parsing.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCallSplitter
@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 
 # The tags the stages read: their text is decoded even where a tokenizer flags them special.
 MARKUP = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+
+
+def parser_special_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The ids an ``OutputParser`` decodes to no text (0.1 ms a call on Qwen3.5's tokenizer)."""
+    return special_token_ids(tokenizer, MARKUP)
 
 
 class OutputParser:
@@ -55,9 +60,12 @@ class OutputParser:
         call_id_prefix: str = "call_",
         starts_in_reasoning: bool = False,
         tools_enabled: bool = True,
+        special_ids: frozenset[int] | None = None,
     ) -> None:
+        """``special_ids``: ``parser_special_ids(tokenizer)``, for a caller that makes a
+        parser per turn (computed here when not given)."""
         parse_tools = tools_enabled and bool(tools)
-        self._detokenizer = IncrementalDetokenizer(tokenizer, keep=MARKUP)
+        self._detokenizer = IncrementalDetokenizer(tokenizer, keep=MARKUP, special=special_ids)
         self._stops = StopTrimmer(stop)
         self._reasoning = ReasoningSplitter(
             starts_in_reasoning=starts_in_reasoning, closes_on_tool_call=parse_tools
