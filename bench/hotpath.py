@@ -13,6 +13,7 @@ without them it says so and exits 2. ``docs/performance.md`` says how to read th
 where SQLAlchemy's async engine runs (greenlets).
 
     python -m bench.hotpath [--concurrency 16] [--seconds 10] [--variant default] [--raw FILE]
+        [--database sqlite|postgres]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 if not __package__:
@@ -34,6 +36,7 @@ if not __package__:
 import httpx
 
 from bench.overhead import MESSAGES, VARIANTS, Proxy, cpu_seconds, stack
+from recorder.scratch_postgres import running_postgres
 
 # (layer, substrings of a frame's file path), most specific first.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -116,8 +119,12 @@ def run(args: argparse.Namespace) -> int:
     if spy is None:
         print("bench.hotpath needs py-spy: pip install py-spy", file=sys.stderr)
         return 2
-    with stack("lego-hotpath-") as ready:
-        proxy = ready.proxy(args.variant)
+    with ExitStack() as databases, stack("lego-hotpath-") as ready:
+        url = None  # a SQLite file of its own
+        if args.database == "postgres":
+            server = databases.enter_context(running_postgres())
+            url = asyncio.run(server.create_database("lego_hotpath"))
+        proxy = ready.proxy(args.variant, database_url=url)
         keys = [proxy.new_session() for _ in range(args.concurrency)]
         asyncio.run(load(proxy, keys, 2.0))  # warm caches and connections
         raw = ready.root / "py-spy.txt"
@@ -162,6 +169,12 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=250, help="samples per second")
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="default")
     parser.add_argument("--top", type=int, default=15, help="how many hottest functions")
+    parser.add_argument(
+        "--database",
+        choices=["sqlite", "postgres"],
+        default="sqlite",
+        help="postgres: a database on a scratch cluster (LEGO_TEST_POSTGRES_URL or a throwaway)",
+    )
     parser.add_argument("--raw", default=None, help="also keep py-spy's raw stacks here")
     parser.add_argument(
         "--gil", action="store_true", help="only samples holding the GIL (Python's own work)"
