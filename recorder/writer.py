@@ -42,11 +42,11 @@ Crash window: a turn is durable once it is in the database, the spool or the jou
 ``await submit_durable(turn)`` is what a completed turn's pipeline awaits before the
 harness receives the end of its response. It queues the turn at once (no batching delay)
 and waits for its batch to settle; only a turn the database has not taken within
-``journal_after_s`` is fsync'd into the ``Journal`` (when there is one), after which it
-waits up to ``durable_wait_s`` more. A database that took the turn made it as durable as
-the journal would (Postgres and SQLite both sync a commit), so in the common case no fsync
-of the proxy's own is paid, and the journal carries exactly the turns of a slow or absent
-database. It returns the ``Durability`` reached: ``RECORDED`` (in the database: every
+``journal_after_s`` is fsync'd into the ``Journal`` (when there is one); the whole wait,
+the fsync aside, is at most ``durable_wait_s``. A database that took the turn made it as
+durable as the journal would (Postgres and SQLite both sync a commit), so in the common
+case no fsync of the proxy's own is paid, and the journal carries exactly the turns of a
+slow or absent database. It returns the ``Durability`` reached: ``RECORDED`` (in the database: every
 replica sees it, so a finish posted after the harness ended finds it), ``LATE`` (the
 database took it after its session was finished, so it is stored ``failed``: a finished
 session takes no more turns, and an exported group never changes), or ``ON_DISK``
@@ -204,15 +204,18 @@ class TurnWriter:
         self._flush_target = max(self._flush_target, self.submitted)  # no batching delay
         self._wake.set()
         journaled = False
+        # The whole wait, the journal's grace included, stays within durable_wait_s
+        # (no request waits on the database for longer).
+        deadline = asyncio.get_running_loop().time() + self._durable_wait_s
         try:
             if self._journal is not None:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._journal_after_s):
+                    async with asyncio.timeout(min(self._journal_after_s, self._durable_wait_s)):
                         return await asyncio.shield(settled)
                 # The database is slow or away: the turn goes to disk before its answer ends.
                 journaled = await self._journal.append(stored)
                 self._disk(journaled)
-            async with asyncio.timeout(self._durable_wait_s):
+            async with asyncio.timeout_at(deadline):
                 return await asyncio.shield(settled)
         except TimeoutError:
             if journaled:

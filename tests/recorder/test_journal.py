@@ -105,14 +105,18 @@ async def test_a_turn_the_database_is_slow_to_take_is_journaled(tmp_path: Path) 
     await upgrade_database(url)
     store = await Store.open(url)
     journal = Journal(Spool.open(tmp_path / "j" / "p1"))
-    writer = TurnWriter(store, journal=journal, journal_after_s=0.05, durable_wait_s=0.3)
+    writer = TurnWriter(store, journal=journal, journal_after_s=0.4, durable_wait_s=0.5)
     try:
         session = await new_session(store)
         locker = sqlite3.connect(database, isolation_level=None)
         locker.execute("BEGIN EXCLUSIVE")  # the batch waits on SQLite's lock
         try:
             turn = make_turn(session.id, 0)
+            loop = asyncio.get_running_loop()
+            began = loop.time()
             assert await writer.submit_durable(turn) is Durability.ON_DISK
+            # The grace is part of the durable wait, not added to it (0.9 s if it were).
+            assert loop.time() - began < 0.8
             assert journal.appended == 1
             assert journal.unreleased == 1  # on disk until the database has it
         finally:
