@@ -31,7 +31,7 @@ if not __package__:
 
 import httpx
 
-from bench.overhead import BASELINE, Proxy, cpu_seconds, stack
+from bench.overhead import BASELINE, Proxy, add_baseline_argument, cpu_seconds, stack
 
 WORDS = "the quick brown fox jumps over lazy dogs while tests run and logs scroll by"
 REPORTED = (1, 10, 20, 30)
@@ -120,15 +120,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--result-tokens", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--baseline",
-        type=Path,
-        help="a checkout of another commit: its proxy runs in the same rounds",
-    )
-    args = parser.parse_args()
-    if args.baseline is not None and not (args.baseline / "cli" / "main.py").is_file():
-        parser.error(f"--baseline {args.baseline}: no cli/main.py there (a lego-proxy checkout?)")
-    run(args)
+    add_baseline_argument(parser, "its proxy")
+    run(parser.parse_args())
 
 
 if __name__ == "__main__":

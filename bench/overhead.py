@@ -392,6 +392,22 @@ async def compare(
     print(json.dumps(results, indent=2))
 
 
+def lego_checkout(value: str) -> Path:
+    """``--baseline``'s value: a lego-proxy checkout (``git worktree add DIR <commit>``)."""
+    path = Path(value)
+    if not (path / "cli" / "main.py").is_file():
+        raise argparse.ArgumentTypeError(f"no cli/main.py in {value} (a lego-proxy checkout?)")
+    return path
+
+
+def add_baseline_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--baseline",
+        type=lego_checkout,
+        help=f"a checkout of another commit: {what} runs in the same rounds",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=600)
@@ -401,15 +417,8 @@ def main() -> None:
         "--variants", nargs="+", choices=sorted(VARIANTS), default=["default", "asyncio-h11"]
     )
     parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
-    parser.add_argument(
-        "--baseline",
-        type=Path,
-        help="a checkout of another commit: its default variant runs in the same rounds",
-    )
-    args = parser.parse_args()
-    if args.baseline is not None and not (args.baseline / "cli" / "main.py").is_file():
-        parser.error(f"--baseline {args.baseline}: no cli/main.py there (a lego-proxy checkout?)")
-    run(args)
+    add_baseline_argument(parser, "its default variant")
+    run(parser.parse_args())
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -161,20 +162,18 @@ def _start_litellm(
     )
     ready.processes.append(endpoint)
     litellm_url = f"http://127.0.0.1:{litellm_port}"
-    try:
-        peer = start_server(
-            [
-                *(litellm, "--model", "openai/bench", "--api_base", f"{openai_url}/v1"),
-                *("--port", str(litellm_port), "--num_workers", "1"),
-            ],
-            {**ready.env, "OPENAI_API_KEY": "bench", "LITELLM_MASTER_KEY": LITELLM_KEY},
-            f"{litellm_url}/health/liveliness",
-            ready.root / "litellm.log",
-        )
-    except ServerDidNotStart as exc:
-        print(f"LiteLLM: skipped (it did not start: {exc.message[-500:]})")
+    peer = _start_peer(
+        ready,
+        "LiteLLM",
+        [
+            *(litellm, "--model", "openai/bench", "--api_base", f"{openai_url}/v1"),
+            *("--port", str(litellm_port), "--num_workers", "1"),
+        ],
+        {**ready.env, "OPENAI_API_KEY": "bench", "LITELLM_MASTER_KEY": LITELLM_KEY},
+        f"{litellm_url}/health/liveliness",
+    )
+    if peer is None:
         return None
-    ready.processes.append(peer)
     call = _chat(litellm_url, "openai/bench", [LITELLM_KEY] * clients)
     return (endpoint.pid, _chat(openai_url, "bench", None)), System(
         "LiteLLM", peer.pid, call, "openai endpoint"
@@ -194,22 +193,33 @@ def _start_slime(ready: Stack, checkout: Path, python: str, clients: int) -> Sys
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     runner = Path(__file__).with_name("slime_runner.py")
-    try:
-        process = start_server(
-            [
-                *(python, str(runner), "--slime", str(checkout), "--model", str(ready.model)),
-                *("--backend", ready.engine_url, "--port", str(port)),
-            ],
-            ready.env,
-            f"{url}/healthz",
-            ready.root / "slime.log",
-        )
-    except ServerDidNotStart as exc:
-        print(f"slime: skipped (its adapter did not start: {exc.message[-500:]})")
+    process = _start_peer(
+        ready,
+        "slime",
+        [
+            *(python, str(runner), "--slime", str(checkout), "--model", str(ready.model)),
+            *("--backend", ready.engine_url, "--port", str(port)),
+        ],
+        ready.env,
+        f"{url}/healthz",
+    )
+    if process is None:
         return None
-    ready.processes.append(process)
     keys = [f"bench-{slot}" for slot in range(clients)]  # one adapter session per client
     return System("slime adapter", process.pid, _chat(url, "bench", keys), "sglang engine")
+
+
+def _start_peer(
+    ready: Stack, name: str, command: list[str], env: dict[str, str], health: str
+) -> subprocess.Popen[bytes] | None:
+    """A peer's server, stopped with the stack; None (said why) when it does not start."""
+    try:
+        process = start_server(command, env, health, ready.root / f"{name.lower()}.log")
+    except ServerDidNotStart as exc:
+        print(f"{name}: skipped (it did not start: {exc.message[-500:]})")
+        return None
+    ready.processes.append(process)
+    return process
 
 
 def _chat(url: str, model: str, keys: list[str] | None) -> Call:
