@@ -81,6 +81,7 @@ from recorder.records import RoutedExperts
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 CONNECT_TIMEOUT_S = 5.0
+KEEPALIVE_S = 4.0  # an idle pooled generation connection is closed after this
 # How long the end of a finished stream may take to arrive before its connection is dropped.
 DRAIN_TIMEOUT_S = 1.0
 
@@ -367,7 +368,7 @@ class SGLangBackend:
             worker = self._workers[url]
             try:
                 response = await self._send(worker, call)
-            except aiohttp.ClientConnectorError as exc:
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # Refused, unresolvable or timed out while connecting: nothing reached this
                 # worker, so the next one may take the turn without making it two
                 # generations.
@@ -512,7 +513,9 @@ def stream_session(read_timeout_s: float) -> aiohttp.ClientSession:
     over ``CONNECT_TIMEOUT_S`` fails (the turn moves to the next worker), and so does a
     stream that sends nothing for ``read_timeout_s``. Call from a running event loop."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+        # An idle connection is let go before SGLang's uvicorn closes it (its keep-alive
+        # timeout is 5 s), so a turn never starts on one the server is closing.
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(
             total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=read_timeout_s
         ),

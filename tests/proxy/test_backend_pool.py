@@ -8,6 +8,8 @@ loopback port, so a test can see which worker served a turn and can stop one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,6 +21,7 @@ from engine.config import EngineConfig
 from engine.loopback import running_engine
 from kernel.errors import BackendError, BackendUnavailable
 from kernel.threaded import free_port, serve
+from proxy import backend as backend_module
 from proxy.backend import GenerateCall, GenerationEnd, SGLangBackend, rendezvous_order
 from tests.support.tap import BackendTap
 
@@ -103,6 +106,35 @@ async def test_a_refused_connection_moves_the_turn_to_the_next_worker(
         lonely = SGLangBackend(client, [dead], None)
         with pytest.raises(BackendUnavailable):
             await run(lonely, call(key, "nowhere"))
+
+
+async def test_a_worker_whose_connects_hang_passes_the_turn_on(
+    taps: list[BackendTap], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connect that times out sent nothing, like a refused one: the next worker takes
+    the turn (a full accept queue drops the SYNs, so the connect hangs)."""
+    monkeypatch.setattr(backend_module, "CONNECT_TIMEOUT_S", 0.3)
+    with socket.socket() as hanging:
+        hanging.bind(("127.0.0.1", 0))
+        hanging.listen(0)
+        host, port = hanging.getsockname()
+        fillers = [socket.socket() for _ in range(3)]
+        for filler in fillers:
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect((host, port))
+        try:
+            dead = f"http://{host}:{port}"
+            async with httpx.AsyncClient() as client:
+                backend = SGLangBackend(client, [dead, taps[0].url], None)
+                key = next(k for k in (f"k{i}" for i in range(100)) if backend.route(k)[0] == dead)
+                await run(backend, call(key, "past-a-hang"))
+                await backend.close()
+            assert served_by(taps, "past-a-hang") == [taps[0].url]
+            assert not backend.is_up(dead)
+        finally:
+            for filler in fillers:
+                filler.close()
 
 
 async def test_a_broken_stream_is_a_retryable_error_and_the_retry_goes_elsewhere(
