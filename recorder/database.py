@@ -14,10 +14,10 @@ Owns the dialect policy shared by the store and the migrator:
   runs in WAL mode (readers never block the writer), syncing every commit, with a busy
   timeout (a writer waits for the file lock instead of failing at once) and enforced
   foreign keys (SQLite's default is off, Postgres always enforces them; both must refuse
-  the same writes). The same file
-  may also be opened synchronously (``create_sqlite_file_engine``, Python's ``sqlite3``
-  with the same pragmas) for statements that run whole on a thread: aiosqlite is
-  ``sqlite3`` on a thread too, reached once per DBAPI call instead of once per statement.
+  the same writes). The same file may also be opened synchronously
+  (``create_sqlite_file_engine``, Python's ``sqlite3`` with the same pragmas) for
+  statements that run whole on a thread: aiosqlite is ``sqlite3`` on a thread too, reached
+  once per DBAPI call instead of once per statement.
 
 Both hide statement parameters from error messages: they hold harness conversations.
 Any other driver is refused with ``InvalidRequest``. ``transaction(engine, action)`` (and
