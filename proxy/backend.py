@@ -259,6 +259,12 @@ class SGLangBackend:
             await self._streams.close()
             self._streams = None
 
+    async def __aenter__(self) -> SGLangBackend:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
     def _stream_session(self) -> aiohttp.ClientSession:
         if self._streams is None:
             self._streams = stream_session(self._read_timeout_s)

@@ -37,8 +37,10 @@ def engine_port(tiny_model_dir: Path) -> Iterator[int]:
 
 async def test_sequential_generates_share_one_connection(engine_port: int) -> None:
     with TcpRelay(engine_port) as relay:
-        async with httpx.AsyncClient() as client:
-            backend = SGLangBackend(client, [relay.url], None)
+        async with (
+            httpx.AsyncClient() as client,
+            SGLangBackend(client, [relay.url], None) as backend,
+        ):
             for turn in range(TURNS):
                 items = [item async for item in backend.generate(call(f"r{turn}"))]
                 assert isinstance(items[-1], GenerationEnd)
@@ -51,8 +53,10 @@ async def test_a_consumer_that_stops_at_the_end_still_returns_the_connection(
     """The pipeline stops reading once it has the ``GenerationEnd``: the stream's tail
     ([DONE], the chunked body's end) must already be read by then."""
     with TcpRelay(engine_port) as relay:
-        async with httpx.AsyncClient() as client:
-            backend = SGLangBackend(client, [relay.url], None)
+        async with (
+            httpx.AsyncClient() as client,
+            SGLangBackend(client, [relay.url], None) as backend,
+        ):
             for turn in range(TURNS):
                 stream = backend.generate(call(f"stop{turn}"))
                 async for item in stream:

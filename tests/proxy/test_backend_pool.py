@@ -79,8 +79,10 @@ def test_rendezvous_moves_only_the_keys_of_a_removed_worker() -> None:
 async def test_a_session_sticks_to_one_worker_and_sessions_spread(
     taps: list[BackendTap],
 ) -> None:
-    async with httpx.AsyncClient() as client:
-        backend = SGLangBackend(client, [t.url for t in taps], None)
+    async with (
+        httpx.AsyncClient() as client,
+        SGLangBackend(client, [t.url for t in taps], None) as backend,
+    ):
         for i in range(24):
             for turn in range(2):
                 await run(backend, call(f"s{i}", f"s{i}-t{turn}"))
@@ -94,8 +96,10 @@ async def test_a_refused_connection_moves_the_turn_to_the_next_worker(
     taps: list[BackendTap],
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    async with httpx.AsyncClient() as client:
-        backend = SGLangBackend(client, [dead, taps[0].url], None)
+    async with (
+        httpx.AsyncClient() as client,
+        SGLangBackend(client, [dead, taps[0].url], None) as backend,
+    ):
         key = next(k for k in (f"k{i}" for i in range(100)) if backend.route(k)[0] == dead)
         end = await run(backend, call(key, "moved"))
         assert end.finish.type in ("stop", "length")
@@ -103,9 +107,9 @@ async def test_a_refused_connection_moves_the_turn_to_the_next_worker(
         assert not backend.is_up(dead)
         assert backend.route(key) == [taps[0].url, dead]  # new sessions avoid it
 
-        lonely = SGLangBackend(client, [dead], None)
-        with pytest.raises(BackendUnavailable):
-            await run(lonely, call(key, "nowhere"))
+        async with SGLangBackend(client, [dead], None) as lonely:
+            with pytest.raises(BackendUnavailable):
+                await run(lonely, call(key, "nowhere"))
 
 
 async def test_a_worker_whose_connects_hang_passes_the_turn_on(
@@ -125,11 +129,12 @@ async def test_a_worker_whose_connects_hang_passes_the_turn_on(
                 filler.connect((host, port))
         try:
             dead = f"http://{host}:{port}"
-            async with httpx.AsyncClient() as client:
-                backend = SGLangBackend(client, [dead, taps[0].url], None)
+            async with (
+                httpx.AsyncClient() as client,
+                SGLangBackend(client, [dead, taps[0].url], None) as backend,
+            ):
                 key = next(k for k in (f"k{i}" for i in range(100)) if backend.route(k)[0] == dead)
                 await run(backend, call(key, "past-a-hang"))
-                await backend.close()
             assert served_by(taps, "past-a-hang") == [taps[0].url]
             assert not backend.is_up(dead)
         finally:
@@ -140,8 +145,10 @@ async def test_a_worker_whose_connects_hang_passes_the_turn_on(
 async def test_a_broken_stream_is_a_retryable_error_and_the_retry_goes_elsewhere(
     taps: list[BackendTap],
 ) -> None:
-    async with httpx.AsyncClient() as client:
-        backend = SGLangBackend(client, [t.url for t in taps], None)
+    async with (
+        httpx.AsyncClient() as client,
+        SGLangBackend(client, [t.url for t in taps], None) as backend,
+    ):
         victim = backend.route("victim")[0]
         tap = next(t for t in taps if t.url == victim)
         tap.drop_after_chunks_once = 0
@@ -164,8 +171,10 @@ async def test_a_broken_stream_is_a_retryable_error_and_the_retry_goes_elsewhere
 async def test_the_background_probe_marks_a_restarted_worker_up(zero_engine: str) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient() as client:
-        backend = SGLangBackend(client, [url, zero_engine], None, health_interval_s=0.05)
+    async with (
+        httpx.AsyncClient() as client,
+        SGLangBackend(client, [url, zero_engine], None, health_interval_s=0.05) as backend,
+    ):
         assert not (await backend.probe())[url]
         backend.start()
         try:
@@ -181,8 +190,10 @@ async def test_the_background_probe_marks_a_restarted_worker_up(zero_engine: str
 
 
 async def test_an_abort_of_a_finished_rid_reaches_every_worker(taps: list[BackendTap]) -> None:
-    async with httpx.AsyncClient() as client:
-        backend = SGLangBackend(client, [t.url for t in taps], None)
+    async with (
+        httpx.AsyncClient() as client,
+        SGLangBackend(client, [t.url for t in taps], None) as backend,
+    ):
         await backend.abort("gone")
         assert all(t.aborts == [{"rid": "gone"}] for t in taps)
 
