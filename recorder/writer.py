@@ -46,16 +46,16 @@ and waits for its batch to settle; only a turn the database has not taken within
 the fsync aside, is at most ``durable_wait_s``. A database that took the turn made it as
 durable as the journal would (Postgres and SQLite both sync a commit), so in the common
 case no fsync of the proxy's own is paid, and the journal carries exactly the turns of a
-slow or absent database. It returns the ``Durability`` reached: ``RECORDED`` (in the database: every
-replica sees it, so a finish posted after the harness ended finds it), ``LATE`` (the
-database took it after its session was finished, so it is stored ``failed``: a finished
-session takes no more turns, and an exported group never changes), or ``ON_DISK``
-(journal or spool only: the database is away; the turn is replayed when it is back). When
-neither the journal nor the spool nor the database has the turn in time (a full disk
-during an outage) it raises ``RecorderUnavailable``: the harness's turn fails loudly
-rather than being silently undurable; the turn stays queued and is written when the
-database returns. A dead proxy's journal is replayed at the next start, so even SIGKILL
-loses no turn the harness has.
+slow or absent database. It returns the ``Durability`` reached: ``RECORDED`` (in the
+database: every replica sees it, so a finish posted after the harness ended finds it),
+``LATE`` (the database took it after its session was finished, so it is stored
+``failed``: a finished session takes no more turns, and an exported group never changes),
+or ``ON_DISK`` (journal or spool only: the database is away; the turn is replayed when it
+is back). When neither the journal nor the spool nor the database has the turn in time (a
+full disk during an outage) it raises ``RecorderUnavailable``: the harness's turn fails
+loudly rather than being silently undurable; the turn stays queued and is written when
+the database returns. A dead proxy's journal is replayed at the next start, so even
+SIGKILL loses no turn the harness has.
 
 A full or read-only spool disk never stops the writer: a batch the spool refuses is
 offered to the database, and while neither takes it the batch stays at the head of the

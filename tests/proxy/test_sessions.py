@@ -75,6 +75,10 @@ async def test_a_hanging_status_read_is_bounded_and_the_cached_status_stands() -
     assert (await cache.active(KNOWN.key)).id == KNOWN.id  # first use: the key lookup
     loop = asyncio.get_running_loop()
     began = loop.time()
-    session = await asyncio.wait_for(cache.active(KNOWN.key), timeout=5)
+    admission = asyncio.create_task(cache.active(KNOWN.key))
+    await asyncio.sleep(0.05)  # the status read is pending now
+    # Bounded in the admission's own task: no task per turn (wait_for made one).
+    assert asyncio.all_tasks() == {asyncio.current_task(), admission}
+    session = await asyncio.wait_for(admission, timeout=5)
     assert session.status is SessionStatus.ACTIVE
     assert 0.15 < loop.time() - began < 2.0  # waited for the status, but only so long

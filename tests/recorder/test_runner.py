@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,11 @@ from kernel.errors import Conflict, RecorderError
 from recorder import database, rows
 from recorder.database import create_engine
 from recorder.migrate import upgrade_database
-from recorder.records import SessionInfo, SessionSpec
 from recorder.runner import InGreenlet, OnThread, runner_for
 from recorder.scratch_postgres import PostgresServer
 from recorder.store import Store
 from tests.recorder.builders import make_turn
-
-
-async def new_session(store: Store) -> SessionInfo:
-    run = await store.create_run(f"run-{uuid.uuid4().hex[:8]}")
-    spec = SessionSpec(run_id=run.id, task_id="t", group_id="g", sample_index=0, harness="h")
-    return await store.create_session(spec)
+from tests.recorder.test_store import new_session
 
 
 def sqlite_url(tmp_path: Path) -> str:
