@@ -28,7 +28,8 @@ NUL in text, an integer over its column's range, ...) is ``InvalidRequest``, sin
 it again can never succeed; a database that cannot be reached (refused or lost
 connections, SQLSTATE classes 08 and 57: shutting down, starting up) is
 ``RecorderUnavailable`` (503: retry later); anything else it raises is ``RecorderError``.
-Each names the action.
+Each names the action. ``translated_asyncpg`` applies the same rule to asyncpg's own
+exceptions, for the statements run on it without SQLAlchemy (``recorder.postgres_turns``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
@@ -54,6 +56,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from kernel.errors import Conflict, InvalidRequest, LegoError, RecorderError, RecorderUnavailable
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+DESCRIBED_CHARS = 300
 PING_IDLE_S = 1.0  # a pooled Postgres connection idle this long is pinged before use
 POSTGRES_DRIVER = "postgresql+asyncpg"
 SQLITE_DRIVER = "sqlite+aiosqlite"
@@ -79,10 +82,14 @@ def display_url(url: str) -> str:
 
 
 def describe_error(exc: BaseException) -> str:
-    """One line for a database failure: the driver's message without SQL or parameters."""
+    """One line for a database failure: the driver's message without SQL or parameters
+    (cut short: asyncpg's message for a value it cannot encode quotes the value)."""
     cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
     lines = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {lines[0] if lines else ''}"
+    first = lines[0] if lines else ""
+    if len(first) > DESCRIBED_CHARS:
+        first = first[:DESCRIBED_CHARS] + "..."
+    return f"{type(cause).__name__}: {first}"
 
 
 @asynccontextmanager
@@ -138,6 +145,25 @@ def translated(exc: SQLAlchemyError | OSError, action: str) -> LegoError:
         return RecorderError(f"cannot {action}: database error: {describe_error(exc)}")
     if isinstance(exc, OSError):
         # asyncpg reports refused/reset connections as plain socket errors.
+        return RecorderUnavailable(
+            f"cannot {action}: the database is unavailable: {describe_error(exc)}"
+        )
+    return RecorderError(f"cannot {action}: database error: {describe_error(exc)}")
+
+
+def translated_asyncpg(exc: Exception, action: str) -> LegoError:
+    """``translated`` for what asyncpg raises itself (``recorder.postgres_turns`` runs it
+    without SQLAlchemy): the same classes, by SQLSTATE."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    cls = sqlstate[:2] if isinstance(sqlstate, str) else ""
+    if cls == "23":
+        return Conflict(f"cannot {action}: {describe_error(exc)}")
+    if cls == "22":  # also asyncpg's DataError for a value it cannot encode
+        return InvalidRequest(
+            f"cannot {action}: the database refused a value: {describe_error(exc)}"
+        )
+    closed = isinstance(exc, asyncpg.InterfaceError) and "connection is closed" in str(exc)
+    if cls in ("08", "57") or closed or isinstance(exc, OSError | TimeoutError):
         return RecorderUnavailable(
             f"cannot {action}: the database is unavailable: {describe_error(exc)}"
         )

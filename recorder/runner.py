@@ -1,18 +1,21 @@
 """Where the store's per-turn statements run: the cheapest way to the database each has.
 
 A turn costs the store two transactions (its admission's status read, and its share of the
-writer's batch). Issued statement by statement through SQLAlchemy's async engine, each
-DBAPI call (cursor, execute, fetch, commit) is a trip through a greenlet and, on SQLite,
-through aiosqlite's thread and back to the event loop: 1.4 ms of CPU for a one-row read
-on the development machine, ten times the statement itself. So the store writes these
+writer's batch: ``recorder.per_turn``). Issued statement by statement through SQLAlchemy's
+async engine, each DBAPI call (cursor, execute, fetch, commit) is a trip through a
+greenlet and, on SQLite, through aiosqlite's thread and back to the event loop: 1.4 ms of
+CPU for a one-row read on the development machine, ten times the statement itself. So
+the store writes these
 transactions as one synchronous function of a ``Connection`` (a "body"), and a runner
 runs the whole body in one go:
 
 - ``OnThread`` (a SQLite file): on a small thread pool, over a synchronous ``sqlite3``
   engine with the same pragmas (``recorder.database.create_sqlite_file_engine``). The
   same library on the same file as aiosqlite, in one thread hop per transaction.
-- ``InGreenlet`` (Postgres, an in-memory SQLite): ``AsyncConnection.run_sync`` in one
-  greenlet, on the store's own async engine and pool.
+- ``InGreenlet`` (an in-memory SQLite, or a store built on an engine alone):
+  ``AsyncConnection.run_sync`` in one greenlet, on the store's own async engine and pool.
+  (``Store.open`` runs a Postgres store's per-turn operations on asyncpg directly:
+  ``recorder.postgres_turns``.)
 
 Contract: ``await runner.run(body, action)`` runs ``body(conn)`` in one transaction,
 commits when it returns, rolls back when it raises; ``read`` runs a body of one read

@@ -11,10 +11,13 @@ Contract:
   no-op, so a writer may retry a batch after an ambiguous failure.
 - Finish is a barrier (``write_rows``/``finish_session``): a completed turn whose row
   reaches the database after its session was finished is stored ``failed`` with
-  ``LATE_ERROR`` (``write_rows`` returns those ids), so a finished session's turns, and
-  the group exported from them, never change. The session rows are locked ``FOR SHARE``
-  in the write's transaction (SQLite: the write lock serializes), so a finish either sees
-  the turn or the turn sees the finish, on every replica.
+  ``recorder.per_turn.LATE_ERROR`` (``write_rows`` returns those ids), so a finished
+  session's turns, and the group exported from them, never change. The session rows are
+  locked ``FOR SHARE`` in the write's transaction (SQLite: the write lock serializes), so
+  a finish either sees the turn or the turn sees the finish, on every replica.
+- The two operations every turn makes (admission's status read, the writer's batch) run
+  the fastest way each database has (``recorder.per_turn``): on Postgres, on asyncpg
+  directly (``recorder.postgres_turns``).
 - ``finish_session`` stores the trial's report with the reward (``stages``, the
   ``defense_events``; ``recorder.rows.trial_values``), in the same guarded update, and
   every session read gives it back (none: ``stages`` None, no events).
@@ -43,19 +46,17 @@ import secrets
 import time
 import uuid
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Insert, Select, Update, bindparam, func, select, text, update
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection
+from sqlalchemy import ColumnElement, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.sql.dml import ReturningInsert
 
 from kernel.errors import Conflict, NotFound, RecorderError
 from recorder import groups, rows
 from recorder.conversations import Conversation, StoredRequest, rebuild
 from recorder.database import create_engine, is_sqlite, parse_url, transaction
+from recorder.per_turn import OverSqlAlchemy, PerTurn
+from recorder.postgres_turns import PostgresTurns
 from recorder.records import (
     DefenseEvent,
     RunInfo,
@@ -67,30 +68,39 @@ from recorder.records import (
     TurnRecord,
     TurnStatus,
 )
-from recorder.runner import InGreenlet, Runner, runner_for
+from recorder.runner import InGreenlet, runner_for
 from recorder.schema import recorder_identity, runs, sessions, turns
 
 SESSION_KEY_PREFIX = "lego-sk-"
-LATE_ERROR = "the session was finished before this turn was recorded"
 
 
 class Store:
     def __init__(
-        self, engine: AsyncEngine, *, sqlite_dialect: bool, runner: Runner | None = None
+        self, engine: AsyncEngine, *, sqlite_dialect: bool, per_turn: PerTurn | None = None
     ) -> None:
         self._engine = engine
         self._sqlite = sqlite_dialect
-        # The per-turn transactions (status read, turn write): recorder.runner.
-        self._runner = runner if runner is not None else InGreenlet(engine)
-        self._per_turn = _PerTurn.build(self._insert_turns_ignoring_known_ids())
+        # The per-turn operations (status read, turn write): recorder.per_turn.
+        self._per_turn = (
+            per_turn
+            if per_turn is not None
+            else OverSqlAlchemy(InGreenlet(engine), sqlite_dialect=sqlite_dialect)
+        )
 
     @classmethod
     async def open(cls, url: str) -> Store:
         engine = create_engine(url)
-        return cls(engine, sqlite_dialect=is_sqlite(parse_url(url)), runner=runner_for(url, engine))
+        sqlite_dialect = is_sqlite(parse_url(url))
+        per_turn: PerTurn
+        if sqlite_dialect:
+            per_turn = OverSqlAlchemy(runner_for(url, engine), sqlite_dialect=True)
+        else:
+            # A restart that broke the per-turn pool's connections broke the engine's too.
+            per_turn = await PostgresTurns.open(url, on_lost=engine.dispose)
+        return cls(engine, sqlite_dialect=sqlite_dialect, per_turn=per_turn)
 
     async def close(self) -> None:
-        await self._runner.close()
+        await self._per_turn.close()
         await self._engine.dispose()
 
     @property
@@ -183,13 +193,10 @@ class Store:
     async def finished_termination(self, session_id: str) -> str | None:
         """The session's termination once it is finished; None while it is active (or
         unknown). One indexed lookup: what each turn's admission asks."""
-        query, params = self._per_turn.status, {"b_session": session_id}
-        row = await self._runner.read(
-            lambda conn: conn.execute(query, params).first(), f"read status of session {session_id}"
-        )
-        if row is None or row.status != SessionStatus.FINISHED.value:
+        found = await self._per_turn.status(session_id, f"read status of session {session_id}")
+        if found is None or found[0] != SessionStatus.FINISHED.value:
             return None
-        return str(row.termination)
+        return str(found[1])
 
     async def get_session_by_key(self, key: str) -> SessionInfo | None:
         async with transaction(self._engine, "read session by key") as conn:
@@ -291,11 +298,7 @@ class Store:
             named = row.setdefault("side_requests", None)  # None: spooled before the column
             if isinstance(named, list) and named:
                 relabels.append((row["session_id"], named))
-        statements = self._per_turn
-        return await self._runner.run(
-            lambda conn: _write_rows(conn, statements, values, relabels),
-            f"write {len(values)} turns",
-        )
+        return await self._per_turn.write(values, relabels, f"write {len(values)} turns")
 
     async def conversations(
         self,
@@ -358,81 +361,6 @@ class Store:
             )
             found = [row._mapping for row in result]
         return rows.arrays_of(session_id, found)
-
-    def _insert_turns_ignoring_known_ids(self) -> Insert:
-        # Only a clash on the id is a duplicate; a clash on (session_id, seq) with another
-        # id is a real conflict and must fail rather than silently drop a turn.
-        if self._sqlite:
-            return sqlite.insert(turns).on_conflict_do_nothing(index_elements=["id"])
-        return postgresql.insert(turns).on_conflict_do_nothing(index_elements=["id"])
-
-
-@dataclass(frozen=True, slots=True)
-class _PerTurn:
-    """The statements every turn runs, built once per store: SQLAlchemy memoizes a
-    statement object's cache key, so executing the same object again skips building the
-    key (the database layer of ``bench.hotpath`` went from 1.0 to 0.7 ms per turn)."""
-
-    status: Select[Any]
-    insert: ReturningInsert[Any]
-    finished: Select[Any]
-    late: Update
-    relabel: Update
-
-    @classmethod
-    def build(cls, insert: Insert) -> _PerTurn:
-        # Bind names differ from column names: an UPDATE reserves those for its values.
-        return cls(
-            status=select(sessions.c.status, sessions.c.termination).where(
-                sessions.c.id == bindparam("b_session")
-            ),
-            insert=insert.returning(turns.c.id),
-            # After the insert (SQLite: the write lock is held now), so that a finish
-            # committed before this point is seen, and one still running waits for this
-            # transaction (Postgres: FOR SHARE conflicts with its row update).
-            finished=select(sessions.c.id)
-            .where(sessions.c.id.in_(bindparam("b_sessions", expanding=True)))
-            .where(sessions.c.status == SessionStatus.FINISHED.value)
-            .with_for_update(read=True),
-            late=update(turns)
-            .where(turns.c.id.in_(bindparam("b_turns", expanding=True)))
-            .values(status=TurnStatus.FAILED.value, error=LATE_ERROR),
-            relabel=update(turns)
-            .where(turns.c.session_id == bindparam("b_session"))
-            .where(turns.c.id.in_(bindparam("b_turns", expanding=True)))
-            .where(turns.c.classification == "root")
-            .values(
-                classification=rows.SIDE_REQUEST_CLASSIFICATION,
-                fork_reason=rows.SIDE_REQUEST_REASON,
-            ),
-        )
-
-
-def _write_rows(
-    conn: Connection,
-    statements: _PerTurn,
-    values: list[dict[str, object]],
-    relabels: list[tuple[object, list[object]]],
-) -> set[str]:
-    """``Store.write_rows``'s transaction (run whole by ``recorder.runner``)."""
-    inserted = set(conn.execute(statements.insert, values).scalars())
-    finished = set(
-        conn.scalars(
-            statements.finished, {"b_sessions": sorted({str(row["session_id"]) for row in values})}
-        )
-    )
-    late = {
-        str(row["id"])
-        for row in values
-        if row["id"] in inserted
-        and row["session_id"] in finished
-        and row["status"] == TurnStatus.COMPLETED.value
-    }
-    if late:
-        conn.execute(statements.late, {"b_turns": sorted(late)})
-    for session_id, named in relabels:
-        conn.execute(statements.relabel, {"b_session": session_id, "b_turns": named})
-    return late
 
 
 def _turn_count() -> Any:

@@ -19,10 +19,11 @@ import pytest
 from kernel.errors import RecorderUnavailable
 from recorder.disks import RecorderDisks
 from recorder.journal import Journal
+from recorder.per_turn import LATE_ERROR
 from recorder.records import TurnStatus
 from recorder.rows import STORABLE_NOTE, StoredTurn, encode_turn
 from recorder.spool import Spool
-from recorder.store import LATE_ERROR, Store
+from recorder.store import Store
 from recorder.writer import Durability, TurnWriter
 from tests.recorder.builders import make_turn
 from tests.recorder.test_writer import eventually, new_session, rename_table

@@ -122,8 +122,10 @@ async def test_a_body_runs_in_one_transaction(tmp_path: Path) -> None:
 async def test_postgres_pings_only_an_idle_connection(
     postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A connection in steady use is not pinged (three round trips a checkout); one idle
-    past PING_IDLE_S is, and a dead one is replaced before the write needs it."""
+    """A connection of the engine in steady use is not pinged (three round trips a
+    checkout); one idle past PING_IDLE_S is, and a dead one is replaced before the
+    statement needs it. (The per-turn statements have a pool of their own:
+    tests/recorder/test_postgres_turns.py.)"""
     monkeypatch.setattr(database, "PING_IDLE_S", 0.3)
     url = await postgres_server.create_database()
     await upgrade_database(url)
@@ -142,9 +144,8 @@ async def test_postgres_pings_only_an_idle_connection(
     try:
         session = await new_session(store)
         pings = 0
-        for seq in range(10):
-            await store.write_rows([rows.encode_turn(make_turn(session.id, seq))])
-            await store.finished_termination(session.id)
+        for _ in range(10):
+            await store.get_session(session.id)
         assert pings == 0
 
         # The server closes every connection of the store's pool while it is idle.
@@ -156,9 +157,8 @@ async def test_postgres_pings_only_an_idle_connection(
                 )
             )
         await asyncio.sleep(0.5)
-        await store.write_rows([rows.encode_turn(make_turn(session.id, 10))])  # no error
+        assert (await store.get_session(session.id)).id == session.id  # no error
         assert pings >= 1
-        assert len(await store.list_turns(session.id)) == 11
     finally:
         await killer.dispose()
         await store.close()
