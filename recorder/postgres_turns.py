@@ -117,6 +117,13 @@ def _literal(arg: object, python_type: type) -> object:
     return python_type(text)
 
 
+async def _nothing_to_reset(_conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    """A released connection keeps its session as it is: nothing here sets, listens or
+    locks anything that outlives a statement, and the pool itself rolls back a
+    transaction left open (a cancelled write). asyncpg's default reset is a round trip
+    (``RESET ALL``, ``UNLISTEN *``, ...) on every release: one per status read."""
+
+
 class PostgresTurns:
     def __init__(
         self, pool: asyncpg.Pool, *, on_lost: Callable[[], Awaitable[None]] | None = None
@@ -142,7 +149,9 @@ class PostgresTurns:
         if "prepared_statement_cache_size" in arguments:
             arguments["statement_cache_size"] = arguments.pop("prepared_statement_cache_size")
         arguments.pop("prepared_statement_name_func", None)
-        pool = await asyncpg.create_pool(min_size=0, max_size=POOL_SIZE, **arguments)
+        pool = await asyncpg.create_pool(
+            min_size=0, max_size=POOL_SIZE, reset=_nothing_to_reset, **arguments
+        )
         return cls(pool, on_lost=on_lost)
 
     async def status(self, session_id: str, action: str) -> tuple[str, str | None] | None:

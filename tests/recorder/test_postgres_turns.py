@@ -157,13 +157,16 @@ async def test_refused_writes_keep_the_stores_errors(url: str) -> None:
         await store.close()
 
 
-class Breakable:
-    """A TCP relay on loopback to the database that can break every connection relayed so
-    far the way a lost network path does: the client learns it only when it next sends
-    (the relay resets it then). Connections made afterwards are relayed as usual."""
+class Relay:
+    """A TCP relay on loopback to the database. It counts what clients send (``sent``:
+    one read of the socket each, and a request goes out in one send), and it can break
+    every connection relayed so far the way a lost network path does: the client learns
+    it only when it next sends (the relay resets it then). Connections made afterwards
+    are relayed as usual."""
 
     def __init__(self, host: str, port: int) -> None:
         self._target = (host, port)
+        self.sent = 0
         self._live: list[asyncio.StreamWriter] = []
         self._broken: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -187,6 +190,7 @@ class Breakable:
 
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
             while data := await src.read(65536):
+                self.sent += up
                 if up and writer in self._broken:
                     writer.transport.abort()  # a reset, as from a path that is gone
                     up_writer.transport.abort()
@@ -200,6 +204,30 @@ class Breakable:
         )
 
 
+async def relayed_store(url: str) -> tuple[Relay, Store]:
+    parsed = database.parse_url(url)
+    relay = Relay(str(parsed.host), int(parsed.port or 5432))
+    relayed = parsed.set(host="127.0.0.1", port=await relay.start())
+    return relay, await Store.open(relayed.render_as_string(hide_password=False))
+
+
+async def test_a_status_read_and_a_write_are_one_round_trip_each(url: str) -> None:
+    """No reset query on release (asyncpg's default pool sends one), no BEGIN/COMMIT."""
+    relay, store = await relayed_store(url)
+    try:
+        session = await new_session(store)
+        await store.write_turns([make_turn(session.id, 0)])  # prepares both statements
+        await store.finished_termination(session.id)
+        before = relay.sent
+        for seq in range(1, 11):
+            await store.finished_termination(session.id)
+            await store.write_turns([make_turn(session.id, seq)])
+        assert relay.sent - before == 20
+    finally:
+        await store.close()
+        await relay.close()
+
+
 async def test_connections_a_lost_path_broke_are_replaced_without_an_error(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -207,10 +235,7 @@ async def test_connections_a_lost_path_broke_are_replaced_without_an_error(
     costs no turn: the statement runs again on a new connection, and the store drops
     the engine's idle connections too, without waiting for their idle ping."""
     monkeypatch.setattr(database, "PING_IDLE_S", 3600.0)
-    parsed = database.parse_url(url)
-    relay = Breakable(str(parsed.host), int(parsed.port or 5432))
-    relayed = parsed.set(host="127.0.0.1", port=await relay.start())
-    store = await Store.open(relayed.render_as_string(hide_password=False))
+    relay, store = await relayed_store(url)
     try:
         session = await new_session(store)
         await store.write_turns([make_turn(session.id, 0)])
