@@ -173,8 +173,7 @@ def start_proxy(
         extra_env = {**extra_env, "LEGO_DATABASE_URL": database_url}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    data = root / name  # its own SQLite file and journal
-    data.mkdir()
+    data = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))  # its own SQLite file, journal
     proxy_env = {
         **env,
         **extra_env,
@@ -188,7 +187,7 @@ def start_proxy(
         python_module("cli.main", "serve", "--log-level", "warning", *args),
         proxy_env,
         f"{url}/healthz",
-        root / f"proxy-{name}.log",
+        root / f"proxy-{data.name}.log",
         cwd=checkout,
     )
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}

@@ -5,7 +5,9 @@ same closed-loop client (this process: one keep-alive connection, and for lego-p
 session, per concurrent client) with the same two-message chat turn:
 
 - lego-proxy (``serve``, journal on) in front of the zero-compute SGLang-protocol engine
-  (``bench.overhead``'s set-up); its baseline is that engine's ``/generate`` called directly;
+  (``bench.overhead``'s set-up), once per ``--database`` (default SQLite, its own file;
+  ``postgres``: a database on a scratch cluster, ``LEGO_TEST_POSTGRES_URL`` or a
+  throwaway); its baseline is that engine's ``/generate`` called directly;
 - LiteLLM's proxy, when its ``litellm`` command is installed (``--litellm PATH``, else the
   one on ``PATH``), in front of a zero-compute OpenAI endpoint (a fixed chat completion,
   served by this module in its own process); its baseline is that endpoint called directly;
@@ -23,7 +25,7 @@ and the proxy process's CPU per request. A peer that is not installed is skipped
 reason; the run goes on with the rest.
 
     python -m bench.peers [--requests 300] [--concurrency 1 16] [--litellm PATH]
-        [--slime PATH [--slime-python PYTHON]]
+        [--slime PATH [--slime-python PYTHON]] [--database sqlite postgres]
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +63,7 @@ from bench.overhead import (
 )
 from kernel.process import ServerDidNotStart, python_module, start_server
 from kernel.threaded import free_port
+from recorder.scratch_postgres import running_postgres
 
 REPLY_TOKENS = 16
 LITELLM_KEY = "sk-bench-" + "0123456789abcdef" * 2  # its proxy refuses to start without one
@@ -122,13 +126,21 @@ def litellm_command(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> None:
-    with stack("lego-peers-") as ready:
-        proxy = ready.proxy("default")
-        keys = [proxy.new_session() for _ in range(max(args.concurrency))]
+    # The databases outlive the proxies (stopped first, by ``stack``).
+    with ExitStack() as databases, stack("lego-peers-") as ready:
         engine_call = direct_call(ready.engine_url, generate_body(ready.model))
         direct: dict[str, tuple[int, Call]] = {"sglang engine": (ready.engine.pid, engine_call)}
-        lego = _chat(proxy.url, "bench", keys)
-        systems = [System("lego-proxy", proxy.process.pid, lego, "sglang engine")]
+        systems: list[System] = []
+        for database in args.database:
+            url = None  # a SQLite file of its own
+            if database == "postgres":
+                server = databases.enter_context(running_postgres())
+                url = asyncio.run(server.create_database("lego_peers"))
+            proxy = ready.proxy("default", database_url=url)
+            keys = [proxy.new_session() for _ in range(max(args.concurrency))]
+            lego = _chat(proxy.url, "bench", keys)
+            name = "lego-proxy" if len(args.database) == 1 else f"lego-proxy, {database}"
+            systems.append(System(name, proxy.process.pid, lego, "sglang engine"))
         litellm = litellm_command(args)
         if litellm is None:
             print("LiteLLM: skipped (no `litellm` command; pip install 'litellm[proxy]')")
@@ -285,6 +297,13 @@ def main() -> None:
         "--slime-python",
         default=sys.executable,
         help="the interpreter that runs slime's adapter (default: this one)",
+    )
+    parser.add_argument(
+        "--database",
+        nargs="+",
+        choices=["sqlite", "postgres"],
+        default=["sqlite"],
+        help="lego-proxy once per database given, in the same rounds",
     )
     parser.add_argument("--serve-openai", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
