@@ -14,36 +14,35 @@ Owns the dialect policy shared by the store and the migrator:
   runs in WAL mode (readers never block the writer), syncing every commit, with a busy
   timeout (a writer waits for the file lock instead of failing at once) and enforced
   foreign keys (SQLite's default is off, Postgres always enforces them; both must refuse
-  the same writes). The same file may also be opened synchronously
-  (``create_sqlite_file_engine``, Python's ``sqlite3`` with the same pragmas) for
-  statements that run whole on a thread: aiosqlite is ``sqlite3`` on a thread too, reached
-  once per DBAPI call instead of once per statement.
+  the same writes). ``sqlite_pragmas`` sets them on any connection to the file
+  (``recorder.sqlite_turns`` opens its own).
 
 Both hide statement parameters from error messages: they hold harness conversations.
-Any other driver is refused with ``InvalidRequest``. ``transaction(engine, action)`` (and
-``sync_transaction`` for a synchronous engine) is the one place database failures become
-the project's errors (``translated``): a clash with an existing row is
-``Conflict``; a value the database refuses to hold (SQLSTATE class 22, "data exception":
-NUL in text, an integer over its column's range, ...) is ``InvalidRequest``, since sending
-it again can never succeed; a database that cannot be reached (refused or lost
-connections, SQLSTATE classes 08 and 57: shutting down, starting up) is
-``RecorderUnavailable`` (503: retry later); anything else it raises is ``RecorderError``.
-Each names the action. ``translated_asyncpg`` applies the same rule to asyncpg's own
-exceptions, for the statements run on it without SQLAlchemy (``recorder.postgres_turns``).
+Any other driver is refused with ``InvalidRequest``. ``transaction(engine, action)`` is
+the one place database failures become the project's errors (``translated``): a clash
+with an existing row is ``Conflict``; a value the database refuses to hold (SQLSTATE
+class 22, "data exception": NUL in text, an integer over its column's range, ...) is
+``InvalidRequest``, since sending it again can never succeed; a database that cannot be
+reached (refused or lost connections, SQLSTATE classes 08 and 57: shutting down,
+starting up) is ``RecorderUnavailable`` (503: retry later); anything else it raises is
+``RecorderError``. Each names the action. ``translated_asyncpg`` and
+``translated_sqlite`` apply the same rule to the drivers' own exceptions, for the
+statements run on them without SQLAlchemy (``recorder.postgres_turns``,
+``recorder.sqlite_turns``).
 """
 
 from __future__ import annotations
 
+import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import (
     DBAPIError,
     DisconnectionError,
@@ -117,18 +116,6 @@ async def autocommit(engine: AsyncEngine, action: str) -> AsyncIterator[AsyncCon
         raise translated(exc, action) from exc
 
 
-@contextmanager
-def sync_transaction(engine: Engine, action: str) -> Iterator[Connection]:
-    """``transaction`` for a synchronous engine (``recorder.runner``'s SQLite thread)."""
-    try:
-        with engine.begin() as conn:
-            yield conn
-    except LegoError:
-        raise
-    except (SQLAlchemyError, OSError) as exc:
-        raise translated(exc, action) from exc
-
-
 def translated(exc: SQLAlchemyError | OSError, action: str) -> LegoError:
     """The project's error for a database failure while doing ``action``."""
     if isinstance(exc, IntegrityError):
@@ -145,6 +132,22 @@ def translated(exc: SQLAlchemyError | OSError, action: str) -> LegoError:
         return RecorderError(f"cannot {action}: database error: {describe_error(exc)}")
     if isinstance(exc, OSError):
         # asyncpg reports refused/reset connections as plain socket errors.
+        return RecorderUnavailable(
+            f"cannot {action}: the database is unavailable: {describe_error(exc)}"
+        )
+    return RecorderError(f"cannot {action}: database error: {describe_error(exc)}")
+
+
+def translated_sqlite(exc: Exception, action: str) -> LegoError:
+    """``translated`` for what ``sqlite3`` raises itself (``recorder.sqlite_turns`` runs
+    it without SQLAlchemy): the same classes as through SQLAlchemy."""
+    if isinstance(exc, sqlite3.IntegrityError):
+        return Conflict(f"cannot {action}: {describe_error(exc)}")
+    if isinstance(exc, OverflowError):  # an integer past 64 bits
+        return InvalidRequest(
+            f"cannot {action}: the database refused a value: {describe_error(exc)}"
+        )
+    if isinstance(exc, OSError):
         return RecorderUnavailable(
             f"cannot {action}: the database is unavailable: {describe_error(exc)}"
         )
@@ -214,18 +217,6 @@ def create_engine(url: str, *, serialize_sqlite_transactions: bool = False) -> A
     return engine
 
 
-def create_sqlite_file_engine(url: str) -> Engine | None:
-    """A synchronous engine (Python's ``sqlite3``) on the SQLite file ``url`` names, with
-    the same pragmas, for statements run whole on a thread (``recorder.runner``); None
-    for Postgres and for an in-memory database (a second engine would see another one)."""
-    parsed = parse_url(url)
-    if not is_sqlite(parsed) or parsed.database in (None, "", ":memory:"):
-        return None
-    engine = create_sync_engine(parsed.set(drivername="sqlite"), hide_parameters=True)
-    _install_sqlite_pragmas(engine, False)
-    return engine
-
-
 def _ping_idle_connections(engine: Engine) -> None:
     # SQLAlchemy's documented custom pessimistic ping: DisconnectionError from a checkout
     # listener makes the pool drop that connection and check out another one.
@@ -247,23 +238,27 @@ def _ping_idle_connections(engine: Engine) -> None:
     event.listen(engine, "checkout", on_checkout)
 
 
+def sqlite_pragmas(cursor: Any) -> None:
+    """Every connection to a SQLite file: the engine's, and ``recorder.sqlite_turns``'s
+    (a ``sqlite3`` cursor, or SQLAlchemy's aiosqlite adapter of one: untyped)."""
+    # The timeout first: switching a new file to WAL needs a lock another connection may
+    # hold at that moment.
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    _switch_to_wal(cursor)
+    # Every commit synced (SQLite's usual default, pinned here): a turn the database took
+    # needs no journal entry of the proxy's own (recorder.writer).
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
 def _install_sqlite_pragmas(engine: Engine, serialize: bool) -> None:
-    # The DBAPI objects here are sqlite3's or SQLAlchemy's aiosqlite adapters (untyped).
     def on_connect(dbapi_connection: Any, _record: object) -> None:
         if serialize:
             # Python's sqlite3 would otherwise open transactions implicitly (and not for
             # DDL); with autocommit at the driver level the "begin" hook below decides.
             dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        # The timeout first: switching a new file to WAL needs a lock another
-        # connection may hold at that moment.
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        _switch_to_wal(cursor)
-        # Every commit synced (SQLite's usual default, pinned here): a turn the database
-        # took needs no journal entry of the proxy's own (recorder.writer).
-        cursor.execute("PRAGMA synchronous=FULL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
+        sqlite_pragmas(dbapi_connection.cursor())
 
     event.listen(engine, "connect", on_connect)
     if serialize:

@@ -15,26 +15,32 @@ implementation of this one contract (``PerTurn``):
 - ``close()``; both raise database failures as the project's errors naming ``action``
   (``recorder.database``).
 
-``OverSqlAlchemy`` (SQLite, and any ``Store`` built on an engine alone) runs them as
-SQLAlchemy statements built once (SQLAlchemy memoizes a statement object's cache key), on
-a ``recorder.runner``. Postgres gets ``recorder.postgres_turns``: the same contract on
-asyncpg directly, without SQLAlchemy's greenlet adaptation of the driver.
+Each runs on its driver directly: ``recorder.postgres_turns`` (asyncpg) and
+``recorder.sqlite_turns`` (``sqlite3`` on threads of its own): through SQLAlchemy's async
+engine every DBAPI call is a greenlet switch (and on SQLite a thread hop), more CPU than
+the statements themselves. ``OverSqlAlchemy`` is the same contract on the store's async
+engine, for an in-memory SQLite database (a second connection would see another, empty
+database) and any ``Store`` built on an engine alone: each transaction runs whole in one
+greenlet (``AsyncConnection.run_sync``), its statements built once (SQLAlchemy memoizes a
+statement object's cache key).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import Insert, Select, Update, bindparam, select, update
+from sqlalchemy import JSON, DefaultClause, Insert, Select, Update, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.dml import ReturningInsert
 
 from recorder import rows
+from recorder.database import autocommit, transaction
 from recorder.records import SessionStatus, TurnStatus
-from recorder.runner import Runner
 from recorder.schema import sessions, turns
 
 LATE_ERROR = "the session was finished before this turn was recorded"
@@ -51,6 +57,45 @@ class PerTurn(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class TurnColumns:
+    """The ``turns`` columns in table order, and each row's values for them bound the way
+    SQLAlchemy binds them (JSON columns ``json.dumps``'d, ``None`` as JSON ``null``), so a
+    row reads back the same whichever path wrote it."""
+
+    names: tuple[str, ...]
+    json_columns: frozenset[str]
+    defaults: dict[str, object]  # for a column a row spooled before it existed lacks
+
+    @classmethod
+    def of_table(cls) -> TurnColumns:
+        return cls(
+            names=tuple(column.name for column in turns.columns),
+            json_columns=frozenset(
+                column.name for column in turns.columns if isinstance(column.type, JSON)
+            ),
+            defaults={
+                column.name: _literal(column.server_default.arg, column.type.python_type)
+                for column in turns.columns
+                if isinstance(column.server_default, DefaultClause)
+            },
+        )
+
+    def values(self, row: dict[str, object]) -> list[object]:
+        """One row's values, in ``names`` order."""
+        return [
+            json.dumps(row.get(name, self.defaults.get(name)))
+            if name in self.json_columns
+            else row.get(name, self.defaults.get(name))
+            for name in self.names
+        ]
+
+
+def _literal(arg: object, python_type: type) -> object:
+    # The schema's server defaults are plain literals ('root', '0').
+    return python_type(str(getattr(arg, "text", arg)).strip("'"))
+
+
 def late_turns(values: Values, inserted: set[str], finished: set[str]) -> set[str]:
     """The completed turns, inserted now, of sessions already finished."""
     return {
@@ -63,11 +108,11 @@ def late_turns(values: Values, inserted: set[str], finished: set[str]) -> set[st
 
 
 class OverSqlAlchemy:
-    """The per-turn operations as SQLAlchemy statements, each transaction run whole by a
-    ``recorder.runner``."""
+    """The per-turn operations as SQLAlchemy statements on an async engine (which belongs
+    to the store: ``close`` leaves it be)."""
 
-    def __init__(self, runner: Runner, *, sqlite_dialect: bool) -> None:
-        self._runner = runner
+    def __init__(self, engine: AsyncEngine, *, sqlite_dialect: bool) -> None:
+        self._engine = engine
         dialect = sqlite if sqlite_dialect else postgresql
         # Only a clash on the id is a duplicate; a clash on (session_id, seq) with another
         # id is a real conflict and must fail rather than silently drop a turn.
@@ -77,17 +122,18 @@ class OverSqlAlchemy:
 
     async def status(self, session_id: str, action: str) -> tuple[str, str | None] | None:
         query, params = self._statements.status, {"b_session": session_id}
-        row = await self._runner.read(lambda conn: conn.execute(query, params).first(), action)
+        # No BEGIN and COMMIT around one read: two round trips fewer on Postgres.
+        async with autocommit(self._engine, action) as conn:
+            row = await conn.run_sync(lambda sync: sync.execute(query, params).first())
         return None if row is None else (str(row.status), row.termination)
 
     async def write(self, values: Values, relabels: Relabels, action: str) -> set[str]:
         statements = self._statements
-        return await self._runner.run(
-            lambda conn: _write_rows(conn, statements, values, relabels), action
-        )
+        async with transaction(self._engine, action) as conn:
+            return await conn.run_sync(lambda sync: _write_rows(sync, statements, values, relabels))
 
     async def close(self) -> None:
-        await self._runner.close()
+        """The engine belongs to the store, which disposes of it."""
 
 
 @dataclass(frozen=True, slots=True)

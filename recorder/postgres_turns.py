@@ -14,8 +14,8 @@ other statement of the recorder stays on SQLAlchemy.
   ``failed`` with ``LATE_ERROR`` directly. A turn of no session still fails its foreign key
   (the lock is a left join). A batch that re-labels side requests runs the insert and the
   updates in one transaction.
-- Values are bound as SQLAlchemy binds them (JSON columns ``json.dumps``'d, ``None`` as JSON
-  ``null``), so a row reads back the same whichever path wrote it.
+- Values are bound as SQLAlchemy binds them (``recorder.per_turn.TurnColumns``), so a row
+  reads back the same whichever path wrote it.
 - Failures become the project's errors (``recorder.database.translated_asyncpg``). A
   statement that finds its pooled connection gone (a database restart, an idle timeout)
   expires the pool's connections and runs once more on a new one: both operations are
@@ -26,20 +26,18 @@ other statement of the recorder stays on SQLAlchemy.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import asyncpg
-from sqlalchemy import DefaultClause
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from kernel.errors import LegoError, RecorderUnavailable
 from recorder import rows
 from recorder.database import parse_url, translated_asyncpg
-from recorder.per_turn import LATE_ERROR, Relabels, Values
+from recorder.per_turn import LATE_ERROR, Relabels, TurnColumns, Values
 from recorder.records import SessionStatus, TurnStatus
 from recorder.schema import turns
 
@@ -51,9 +49,7 @@ if TYPE_CHECKING:  # the proxy is generic in asyncpg-stubs only
 
 @dataclass(frozen=True, slots=True)
 class _Sql:
-    columns: tuple[str, ...]
-    json_columns: frozenset[str]
-    defaults: dict[str, object]  # for a column an older spooled row lacks
+    columns: TurnColumns
     status: str
     insert: str
     relabel: str
@@ -61,60 +57,42 @@ class _Sql:
     @classmethod
     def build(cls) -> _Sql:
         dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-        columns = tuple(column.name for column in turns.columns)
+        columns = TurnColumns.of_table()
+        names = columns.names
         types = {column.name: column.type.compile(dialect=dialect) for column in turns.columns}
         late = (
             f"u.status = '{TurnStatus.COMPLETED.value}' "
             f"AND s.status = '{SessionStatus.FINISHED.value}'"
         )
-        sessions_arg, late_error_arg = len(columns) + 1, len(columns) + 2
+        sessions_arg, late_error_arg = len(names) + 1, len(names) + 2
         chosen = {
             "status": f"CASE WHEN {late} THEN '{TurnStatus.FAILED.value}' ELSE u.status END",
             "error": f"CASE WHEN {late} THEN ${late_error_arg}::text ELSE u.error END",
         }
-        selected = ", ".join(chosen.get(name, f"u.{name}") for name in columns)
-        arrays = ", ".join(f"${i}::{types[name]}[]" for i, name in enumerate(columns, 1))
+        selected = ", ".join(chosen.get(name, f"u.{name}") for name in names)
+        arrays = ", ".join(f"${i}::{types[name]}[]" for i, name in enumerate(names, 1))
         insert = (
             f"WITH s AS (SELECT id, status FROM sessions WHERE id = ANY(${sessions_arg}::text[]) "
             "FOR SHARE) "
-            f"INSERT INTO turns ({', '.join(columns)}) SELECT {selected} "
-            f"FROM unnest({arrays}) AS u({', '.join(columns)}) LEFT JOIN s ON s.id = u.session_id "
+            f"INSERT INTO turns ({', '.join(names)}) SELECT {selected} "
+            f"FROM unnest({arrays}) AS u({', '.join(names)}) LEFT JOIN s ON s.id = u.session_id "
             "ON CONFLICT (id) DO NOTHING RETURNING id, status"
         )
         relabel = (
             "UPDATE turns SET classification = $3, fork_reason = $4 "
             "WHERE session_id = $1 AND id = ANY($2::text[]) AND classification = 'root'"
         )
-        defaults = {
-            column.name: _literal(column.server_default.arg, column.type.python_type)
-            for column in turns.columns
-            if isinstance(column.server_default, DefaultClause)
-        }
         return cls(
             columns=columns,
-            json_columns=frozenset(name for name, kind in types.items() if kind == "JSONB"),
-            defaults=defaults,
             status="SELECT status, termination FROM sessions WHERE id = $1",
             insert=insert,
             relabel=relabel,
         )
 
     def arrays(self, values: Values) -> list[list[object]]:
-        """One array per column, in ``columns`` order."""
-        out: list[list[object]] = []
-        for name in self.columns:
-            default = self.defaults.get(name)
-            if name in self.json_columns:
-                out.append([json.dumps(row.get(name, default)) for row in values])
-            else:
-                out.append([row.get(name, default) for row in values])
-        return out
-
-
-def _literal(arg: object, python_type: type) -> object:
-    # The schema's server defaults are plain literals ('root', '0').
-    text = str(getattr(arg, "text", arg)).strip("'")
-    return python_type(text)
+        """One array per column, in ``columns.names`` order."""
+        rows = [self.columns.values(row) for row in values]
+        return [list(column) for column in zip(*rows, strict=True)]
 
 
 async def _nothing_to_reset(_conn: asyncpg.Connection[asyncpg.Record]) -> None:

@@ -16,8 +16,8 @@ Contract:
   locked ``FOR SHARE`` in the write's transaction (SQLite: the write lock serializes), so
   a finish either sees the turn or the turn sees the finish, on every replica.
 - The two operations every turn makes (admission's status read, the writer's batch) run
-  the fastest way each database has (``recorder.per_turn``): on Postgres, on asyncpg
-  directly (``recorder.postgres_turns``).
+  the fastest way each database has (``recorder.per_turn``): on its driver directly
+  (``recorder.postgres_turns``, ``recorder.sqlite_turns``).
 - ``finish_session`` stores the trial's report with the reward (``stages``, the
   ``defense_events``; ``recorder.rows.trial_values``), in the same guarded update, and
   every session read gives it back (none: ``stages`` None, no events).
@@ -68,8 +68,8 @@ from recorder.records import (
     TurnRecord,
     TurnStatus,
 )
-from recorder.runner import InGreenlet, runner_for
 from recorder.schema import recorder_identity, runs, sessions, turns
+from recorder.sqlite_turns import SqliteTurns
 
 SESSION_KEY_PREFIX = "lego-sk-"
 
@@ -84,16 +84,19 @@ class Store:
         self._per_turn = (
             per_turn
             if per_turn is not None
-            else OverSqlAlchemy(InGreenlet(engine), sqlite_dialect=sqlite_dialect)
+            else OverSqlAlchemy(engine, sqlite_dialect=sqlite_dialect)
         )
 
     @classmethod
     async def open(cls, url: str) -> Store:
         engine = create_engine(url)
-        sqlite_dialect = is_sqlite(parse_url(url))
+        parsed = parse_url(url)
+        sqlite_dialect = is_sqlite(parsed)
         per_turn: PerTurn
-        if sqlite_dialect:
-            per_turn = OverSqlAlchemy(runner_for(url, engine), sqlite_dialect=True)
+        if sqlite_dialect and parsed.database in (None, "", ":memory:"):
+            per_turn = OverSqlAlchemy(engine, sqlite_dialect=True)  # one database per engine
+        elif sqlite_dialect:
+            per_turn = SqliteTurns(str(parsed.database))
         else:
             # A restart that broke the per-turn pool's connections broke the engine's too.
             per_turn = await PostgresTurns.open(url, on_lost=engine.dispose)

@@ -19,7 +19,6 @@ from recorder.migrate import upgrade_database
 from recorder.per_turn import LATE_ERROR, OverSqlAlchemy
 from recorder.postgres_turns import PostgresTurns
 from recorder.records import SessionStatus, TurnStatus
-from recorder.runner import InGreenlet
 from recorder.schema import turns
 from recorder.scratch_postgres import PostgresServer
 from recorder.store import Store
@@ -63,33 +62,39 @@ async def test_the_store_runs_a_turns_operations_on_asyncpg(url: str) -> None:
 
 async def test_rows_are_stored_the_same_whichever_path_wrote_them(url: str) -> None:
     store = await Store.open(url)
-    over_sqlalchemy = OverSqlAlchemy(InGreenlet(store.engine), sqlite_dialect=False)
     try:
-        session = await new_session(store)
-        routed = experts(1, [[[3, 7]], [[1, 2]]])
-        lean = make_turn(session.id, 0)  # JSON columns None, no experts
-        rich = replace(rich_turn(session.id, 1, routed), side_requests=())
-        old = dict(rows.encode_turn(make_turn(session.id, 2)).row)
-        for spooled_before_the_column in ("classification", "reused_prefix_len", "prompt_offset"):
-            del old[spooled_before_the_column]
-        originals = [dict(rows.encode_turn(lean).row), dict(rows.encode_turn(rich).row), old]
-        pairs = []
-        for original in originals:
-            copy = {**original, "id": uuid.uuid4().hex, "seq": int(str(original["seq"])) + 10}
-            await over_sqlalchemy.write([original], [], "write by SQLAlchemy")
-            await store.write_rows([rows.StoredTurn(id=str(copy["id"]), row=copy)])
-            pairs.append((str(original["id"]), str(copy["id"])))
-        for by_sqlalchemy, by_asyncpg in pairs:
-            want = await stored_columns(store, by_sqlalchemy)
-            got = await stored_columns(store, by_asyncpg)
-            for name in ("id", "seq", "created_at"):
-                del want[name], got[name]
-            assert got == want
-        lean_json = await stored_columns(store, pairs[0][1])
-        assert lean_json["weight_version_spans"] == "null"  # JSON null, as SQLAlchemy binds None
-        assert (await stored_columns(store, pairs[2][1]))["classification"] == "root"
+        await assert_stored_the_same_by_both_paths(store, sqlite_dialect=False)
     finally:
         await store.close()
+
+
+async def assert_stored_the_same_by_both_paths(store: Store, *, sqlite_dialect: bool) -> None:
+    """Turns written by the store's own per-turn path and by ``OverSqlAlchemy`` on its
+    engine are stored alike, column by column (also the sqlite_turns tests)."""
+    over_sqlalchemy = OverSqlAlchemy(store.engine, sqlite_dialect=sqlite_dialect)
+    session = await new_session(store)
+    routed = experts(1, [[[3, 7]], [[1, 2]]])
+    lean = make_turn(session.id, 0)  # JSON columns None, no experts
+    rich = replace(rich_turn(session.id, 1, routed), side_requests=())
+    old = dict(rows.encode_turn(make_turn(session.id, 2)).row)
+    for spooled_before_the_column in ("classification", "reused_prefix_len", "prompt_offset"):
+        del old[spooled_before_the_column]
+    originals = [dict(rows.encode_turn(lean).row), dict(rows.encode_turn(rich).row), old]
+    pairs = []
+    for original in originals:
+        copy = {**original, "id": uuid.uuid4().hex, "seq": int(str(original["seq"])) + 10}
+        await over_sqlalchemy.write([original], [], "write by SQLAlchemy")
+        await store.write_rows([rows.StoredTurn(id=str(copy["id"]), row=copy)])
+        pairs.append((str(original["id"]), str(copy["id"])))
+    for by_sqlalchemy, by_driver in pairs:
+        want = await stored_columns(store, by_sqlalchemy)
+        got = await stored_columns(store, by_driver)
+        for name in ("id", "seq", "created_at"):
+            del want[name], got[name]
+        assert got == want
+    lean_json = await stored_columns(store, pairs[0][1])
+    assert lean_json["weight_version_spans"] == "null"  # JSON null, as SQLAlchemy binds None
+    assert (await stored_columns(store, pairs[2][1]))["classification"] == "root"
 
 
 async def test_a_batch_is_idempotent_by_id_and_returns_only_its_late_turns(url: str) -> None:

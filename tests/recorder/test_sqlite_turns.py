@@ -1,0 +1,136 @@
+"""recorder.sqlite_turns: a turn's status read and write on ``sqlite3`` directly, on
+threads of their own, with the engine's pragmas and the store's error mapping
+(issue 21)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from kernel.errors import Conflict, RecorderError
+from recorder import rows
+from recorder.migrate import upgrade_database
+from recorder.per_turn import OverSqlAlchemy
+from recorder.postgres_turns import PostgresTurns
+from recorder.sqlite_turns import SqliteTurns
+from recorder.store import Store
+from tests.recorder.builders import make_turn
+from tests.recorder.test_postgres_turns import assert_stored_the_same_by_both_paths
+from tests.recorder.test_store import new_session
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'lego.sqlite3'}"
+
+
+async def test_each_database_gets_its_per_turn_path(tmp_path: Path, database_url: str) -> None:
+    expected = {
+        sqlite_url(tmp_path): SqliteTurns,
+        # A second connection to an in-memory database would see another, empty one.
+        "sqlite+aiosqlite:///:memory:": OverSqlAlchemy,
+    }
+    if database_url.startswith("postgresql"):
+        expected = {database_url: PostgresTurns}
+    for url, kind in expected.items():
+        store = await Store.open(url)
+        try:
+            assert type(store._per_turn) is kind
+        finally:
+            await store.close()
+
+
+async def test_rows_are_stored_the_same_whichever_path_wrote_them(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    await upgrade_database(url)
+    store = await Store.open(url)
+    try:
+        await assert_stored_the_same_by_both_paths(store, sqlite_dialect=True)
+    finally:
+        await store.close()
+
+
+async def test_a_status_read_does_not_wait_behind_a_blocked_write(tmp_path: Path) -> None:
+    """A batch's write waiting on SQLite's file lock (another process writing) must not
+    hold up the next turn's admission: reads have a thread and a connection of their own."""
+    url = sqlite_url(tmp_path)
+    await upgrade_database(url)
+    store = await Store.open(url)
+    try:
+        session = await new_session(store)
+        locker = sqlite3.connect(tmp_path / "lego.sqlite3", isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")  # holds the write lock
+        try:
+            write = asyncio.create_task(
+                store.write_rows([rows.encode_turn(make_turn(session.id, 0))])
+            )
+            await asyncio.sleep(0.3)
+            assert not write.done()  # waiting on the lock (busy timeout)
+            started = time.monotonic()
+            assert await asyncio.wait_for(store.finished_termination(session.id), 5) is None
+            assert time.monotonic() - started < 2.0  # not behind the write
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        assert await asyncio.wait_for(write, 15) == set()
+        assert [t.seq for t in await store.list_turns(session.id)] == [0]
+    finally:
+        await store.close()
+
+
+async def test_failures_are_the_stores_errors_and_a_batch_is_all_or_nothing(
+    tmp_path: Path,
+) -> None:
+    url = sqlite_url(tmp_path)
+    await upgrade_database(url)
+    store = await Store.open(url)
+    try:
+        session = await new_session(store)
+        await store.write_rows([rows.encode_turn(make_turn(session.id, 0))])
+        # A turn of no session after a good one: the foreign key refuses it (sqlite3's
+        # IntegrityError), and the good one goes with it.
+        batch = [make_turn(session.id, 1), make_turn("no-such-session", 0)]
+        with pytest.raises(Conflict, match="cannot write 2 turns"):
+            await store.write_rows([rows.encode_turn(turn) for turn in batch])
+        # Nothing of the refused transaction stays: the next write goes through.
+        await store.write_rows([rows.encode_turn(make_turn(session.id, 2))])
+        assert [t.seq for t in await store.list_turns(session.id)] == [0, 2]
+    finally:
+        await store.close()
+    with pytest.raises(RecorderError, match="closed"):
+        await store.finished_termination(session.id)
+    with pytest.raises(RecorderError, match="closed"):
+        await store.write_rows([rows.encode_turn(make_turn(session.id, 3))])
+
+
+async def test_every_connection_to_a_sqlite_file_syncs_every_commit(tmp_path: Path) -> None:
+    """The writer skips the journal for a turn the database took, which is only as safe
+    as the database's commit: synchronous=FULL (2), in WAL mode, on the engine's
+    connections and on the per-turn threads' own."""
+    url = sqlite_url(tmp_path)
+    await upgrade_database(url)
+    store = await Store.open(url)
+    try:
+        async with store.engine.connect() as conn:
+            engine_pragmas = (await conn.exec_driver_sql("PRAGMA synchronous")).scalar_one()
+        per_turn = store._per_turn
+        assert isinstance(per_turn, SqliteTurns)
+        threads = [per_turn._reader, per_turn._writer]
+        found = [
+            await thread.call(
+                lambda conn: (
+                    conn.execute("PRAGMA synchronous").fetchone()[0],
+                    conn.execute("PRAGMA journal_mode").fetchone()[0],
+                    conn.execute("PRAGMA foreign_keys").fetchone()[0],
+                ),
+                "pragma",
+            )
+            for thread in threads
+        ]
+        assert engine_pragmas == 2
+        assert found == [(2, "wal", 1), (2, "wal", 1)]
+    finally:
+        await store.close()
