@@ -116,7 +116,8 @@ class SqliteTurns:
                 late = self._write(conn, values, bound, session_ids, relabels)
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLite may have rolled it back itself (disk full)
+                    conn.execute("ROLLBACK")
                 raise
             return late
 
