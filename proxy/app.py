@@ -9,6 +9,11 @@ chat template renders prompts (checked, and its tool-call format decided, by
 the turn writer, then the routes. Shutdown reverses it and
 flushes every pending turn. Nothing happens at import time and nothing is global: two apps
 in one process share nothing.
+
+``ProxyApp`` is FastAPI with one difference: a ``POST`` to a turn route
+(``proxy.routes.inference.TurnRoutes``) is answered straight from the ASGI scope, before
+FastAPI's middleware and router; everything else (and a request under a ``root_path``)
+goes through FastAPI as before.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
+from starlette.types import Receive, Scope, Send
 
 from kernel.errors import BackendMisconfigured, LegoError, MethodNotAllowed, NotFound
 from kernel.paths import default_model_dir
@@ -104,7 +110,29 @@ def _allowed_methods(request: Request) -> list[str]:
     return allowed
 
 
-def create_app(settings: Settings, *, instance: str | None = None) -> FastAPI:
+class ProxyApp(FastAPI):
+    """FastAPI, with the turn routes dispatched before its middleware and router (set
+    ``turns`` once the routes are registered)."""
+
+    turns: inference.TurnRoutes | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            self.turns is not None
+            and scope["type"] == "http"
+            and scope["method"] == "POST"
+            and not scope.get("root_path")
+        ):
+            found = self.turns.match(scope["path"])
+            if found is not None:
+                scope["app"] = self
+                route, key = found
+                await inference.answer_turn(self.state.lego, route, key, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings, *, instance: str | None = None) -> ProxyApp:
     """The proxy app. ``instance`` names its spool and journal directories (default: the
     port; ``serve --workers`` gives each worker its own, ``recorder.disks``)."""
     disk_name = instance or str(settings.port)
@@ -236,8 +264,9 @@ def create_app(settings: Settings, *, instance: str | None = None) -> FastAPI:
                 await engine.stop()
 
     admin_key = settings.effective_admin_key.encode()
-    app = FastAPI(title="lego-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.include_router(inference.build_router(chat_adapter, messages_adapter, responses_adapter))
+    app = ProxyApp(title="lego-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+    turns = inference.turn_routes(chat_adapter, messages_adapter, responses_adapter)
+    app.include_router(inference.build_router(turns, chat_adapter, messages_adapter))
     app.include_router(control.build_router(settings, chat_adapter.error_response))
     app.include_router(export.build_router(settings, chat_adapter.error_response))
     app.include_router(behaviour.build_router(settings, chat_adapter.error_response))
@@ -297,4 +326,5 @@ def create_app(settings: Settings, *, instance: str | None = None) -> FastAPI:
         status, content = adapter.error_response(error)
         return Response(content, status_code=status, media_type="application/json", headers=headers)
 
+    app.turns = turns
     return app
