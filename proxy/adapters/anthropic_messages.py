@@ -336,11 +336,11 @@ def _enable_thinking(thinking: _Thinking | None) -> bool | None:
     return thinking.type == "enabled"
 
 
-def _canonical(body: _Body, signer: ReasoningSigner) -> ChatRequest:
+def _canonical(body: _Body, source: bytes, signer: ReasoningSigner) -> ChatRequest:
     if not body.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
     ignored: set[str] = set()
-    refuse_unstorable(body)
+    refuse_unstorable(body, source=source)
     ignored_extras(body, "", ignored)
     ignored |= {name for name in _UNUSED_FIELDS if getattr(body, name) is not None}
     if body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use is not None:
@@ -504,7 +504,7 @@ class AnthropicMessagesAdapter:
             wire = _Body.model_validate_json(body)
         except ValidationError as error:
             raise invalid(error) from None
-        return _canonical(wire, self._signer)
+        return _canonical(wire, body, self._signer)
 
     # -- non-streaming response ----------------------------------------------
     def render_response(self, turn: AssistantTurn, *, model: str, created: int) -> bytes:

@@ -332,12 +332,12 @@ def _check_unsupported(body: _Body) -> None:
         )
 
 
-def _canonical(body: _Body) -> ChatRequest:
+def _canonical(body: _Body, source: bytes) -> ChatRequest:
     _check_unsupported(body)
     if not body.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
     ignored: set[str] = set()
-    refuse_unstorable(body)
+    refuse_unstorable(body, source=source)
     ignored_extras(body, "", ignored)
     ignored |= _ignored_known(body)
     messages = tuple(_message(msg, i, ignored) for i, msg in enumerate(body.messages))
@@ -440,7 +440,7 @@ class OpenAIChatAdapter:
             wire = _Body.model_validate_json(body)
         except ValidationError as error:
             raise invalid(error) from None
-        return _canonical(wire)
+        return _canonical(wire, body)
 
     # -- non-streaming response ----------------------------------------------
     def render_response(self, turn: AssistantTurn, *, model: str, created: int) -> bytes:

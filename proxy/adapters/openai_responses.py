@@ -340,10 +340,10 @@ def _check_unsupported(body: _Body) -> None:
             )
 
 
-def _canonical(body: _Body, signer: ReasoningSigner) -> ChatRequest:
+def _canonical(body: _Body, source: bytes, signer: ReasoningSigner) -> ChatRequest:
     _check_unsupported(body)
     ignored: set[str] = set()
-    refuse_unstorable(body)
+    refuse_unstorable(body, source=source)
     ignored_extras(body, "", ignored)
     ignored |= {name for name in _UNUSED_FIELDS if getattr(body, name) is not None}
     if body.reasoning is not None:
@@ -547,7 +547,7 @@ class OpenAIResponsesAdapter:
             wire = _Body.model_validate_json(body)
         except ValidationError as error:
             raise invalid(error) from None
-        return _canonical(wire, self._signer)
+        return _canonical(wire, body, self._signer)
 
     # -- non-streaming response ----------------------------------------------
     def render_response(self, turn: AssistantTurn, *, model: str, created: int) -> bytes:
