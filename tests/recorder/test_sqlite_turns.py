@@ -134,3 +134,103 @@ async def test_every_connection_to_a_sqlite_file_syncs_every_commit(tmp_path: Pa
         assert found == [(2, "wal", 1), (2, "wal", 1)]
     finally:
         await store.close()
+
+
+async def test_a_status_read_runs_on_the_loop_and_waits_on_no_thread(tmp_path: Path) -> None:
+    """After the first, a status read needs neither per-turn thread: it answers while both
+    are busy (a handoff costs more CPU than the read), and sees a finish at once."""
+    url = sqlite_url(tmp_path)
+    await upgrade_database(url)
+    store = await Store.open(url)
+    try:
+        session = await new_session(store)
+        assert await store.finished_termination(session.id) is None  # opens the connection
+        per_turn = store._per_turn
+        assert isinstance(per_turn, SqliteTurns)
+        release = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def hold(_: sqlite3.Connection) -> None:
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result(timeout=30)
+
+        held = [
+            asyncio.create_task(thread.call(hold, "hold"))
+            for thread in (per_turn._reader, per_turn._writer)
+        ]
+        await asyncio.sleep(0.1)
+        try:
+            assert await asyncio.wait_for(store.finished_termination(session.id), 2) is None
+            await store.finish_session(session.id, "completed", 1.0, None)
+            assert await asyncio.wait_for(store.finished_termination(session.id), 2) == (
+                "completed"
+            )
+        finally:
+            release.set()
+            await asyncio.gather(*held)
+    finally:
+        await store.close()
+
+
+class BusyOnce:
+    """A connection SQLite answers "busy" once (a WAL being recovered by another
+    connection), then itself."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.busy = 1
+
+    def execute(self, sql: str, parameters: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        if self.busy:
+            self.busy -= 1
+            error = sqlite3.OperationalError("database is locked")
+            error.sqlite_errorcode = 261  # SQLITE_BUSY_RECOVERY
+            raise error
+        return self.conn.execute(sql, parameters)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+async def test_a_busy_status_read_is_answered_on_the_reader_thread(tmp_path: Path) -> None:
+    """The loop's connection waits for no lock: a read SQLite answers "busy" goes to the
+    reader thread, whose connection waits for it; any other failure is the store's error."""
+    url = sqlite_url(tmp_path)
+    await upgrade_database(url)
+    store = await Store.open(url)
+    try:
+        session = await new_session(store)
+        assert await store.finished_termination(session.id) is None
+        per_turn = store._per_turn
+        assert isinstance(per_turn, SqliteTurns)
+        inline = per_turn._inline
+        assert inline is not None
+        busy = BusyOnce(inline.conn)
+        inline.conn = busy  # type: ignore[assignment]
+        assert await store.finished_termination(session.id) is None
+        assert busy.busy == 0  # it was asked, and the answer came from the reader
+        assert await store.finished_termination(session.id) is None  # inline again
+        inline.conn = busy.conn
+        busy.conn.close()  # a connection that fails otherwise: the store's error
+        with pytest.raises(RecorderError, match="read a session's status"):
+            await per_turn.status(session.id, "read a session's status")
+    finally:
+        await store.close()
+
+
+async def test_a_status_read_from_another_thread_goes_to_the_reader(tmp_path: Path) -> None:
+    """The loop's connection serves the thread that first read; another thread's event
+    loop (a caller in a worker thread) is answered on the reader thread."""
+    url = sqlite_url(tmp_path)
+    await upgrade_database(url)
+    store = await Store.open(url)
+    try:
+        session = await new_session(store)
+        assert await store.finished_termination(session.id) is None
+        per_turn = store._per_turn
+        assert isinstance(per_turn, SqliteTurns)
+        answer = await asyncio.to_thread(
+            asyncio.run, per_turn.status(session.id, "read a session's status")
+        )
+        assert answer == ("active", None)
+    finally:
+        await store.close()
