@@ -9,13 +9,17 @@ and one-row write cost 1.1 ms of CPU on the development machine; the same statem
   engine's pragmas (``recorder.database.sqlite_pragmas``: WAL, every commit synced, a busy
   timeout, foreign keys): the reader's status reads never wait behind a write that waits
   on the file lock (another process writing), since WAL readers take no lock.
-- ``status`` runs on the calling thread (the event loop), on a third connection that the
-  reader thread opens and that never waits for a lock (``busy_timeout`` 0): a handoff to a
-  thread and back costs 0.23 ms of CPU on the development machine (two context switches),
-  the indexed read itself 6 us. A read SQLite answers "busy" (a WAL being recovered) goes
-  to the reader thread, which waits for it; a read from any other thread than the one the
-  first read came from goes there too (a ``sqlite3`` connection serves one thread).
-- ``write``: one transaction (``BEGIN``; the first insert takes the write lock). Each row
+- Both operations run on the calling thread (the event loop) first, on a third connection
+  that the reader thread opens and that never waits for a lock (``busy_timeout`` 0): a
+  handoff to a thread and back costs 0.23 ms of CPU on the development machine (two
+  context switches), the indexed status read itself 6 us. What SQLite answers "busy" (a
+  write lock held by another connection or process, a WAL being recovered) goes to the
+  operation's thread, which waits for the lock; so does a call from any other thread than
+  the one the first call came from (a ``sqlite3`` connection serves one thread). A write
+  whose commit (its fsync) took longer than ``INLINE_WRITE_S`` moves the next ones to the
+  writer thread, so a slow disk does not stall the loop; ``FAST_WRITES_TO_RETURN`` in a
+  row there that took no longer move them back.
+- ``write``: one transaction (``BEGIN IMMEDIATE``: the write lock first). Each row
   is inserted ``ON CONFLICT (id) DO NOTHING``, idempotent by id; then, with the lock
   held, the finished sessions are read, so a finish committed before is seen and one not
   yet committed waits for this transaction: its completed turns of finished sessions are
@@ -31,8 +35,11 @@ and one-row write cost 1.1 ms of CPU on the development machine; the same statem
 from __future__ import annotations
 
 import asyncio
+import enum
+import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -96,10 +103,24 @@ class _Thread:
 
 
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary codes, of extended ones
+# A write (its commit's fsync included) that took longer moves the next ones to the writer
+# thread, and FAST_WRITES_TO_RETURN in a row there that took no longer move them back: a
+# slow disk must not stall the event loop (a disk slow now and then stalls it at most once
+# in that many writes), a fast one is not worth a thread handoff.
+INLINE_WRITE_S = 0.002
+FAST_WRITES_TO_RETURN = 64
+_log = logging.getLogger(__name__)
+
+
+class _Elsewhere(enum.Enum):
+    ELSEWHERE = "elsewhere"
+
+
+_ELSEWHERE = _Elsewhere.ELSEWHERE
 
 
 class _Inline:
-    """The connection status reads use on the event loop's own thread."""
+    """The connection the operations use on the event loop's own thread."""
 
     def __init__(self, conn: sqlite3.Connection, thread: int) -> None:
         self.conn = conn
@@ -108,7 +129,7 @@ class _Inline:
 
 def _open_inline(path: str) -> sqlite3.Connection:
     conn = _Thread.connect(path, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout=0")  # a lock is waited for on the reader thread only
+    conn.execute("PRAGMA busy_timeout=0")  # a lock is waited for on the threads only
     return conn
 
 
@@ -116,6 +137,8 @@ class SqliteTurns:
     def __init__(self, path: str) -> None:
         self._path = path
         self._inline: _Inline | None = None
+        self._write_on_loop = True
+        self._fast_writes = 0  # in a row on the writer thread
         self._reader = _Thread(path, "lego-sqlite-read")
         self._writer = _Thread(path, "lego-sqlite-write")
         self._columns = TurnColumns.of_table()
@@ -134,22 +157,9 @@ class SqliteTurns:
             return None if found is None else (str(found[0]), found[1])
 
         self._check_open(action)
-        inline = self._inline
-        if inline is None:
-            # Opened on the reader thread: opening may wait for a lock (a switch to WAL).
-            conn = await self._reader.call(lambda _: _open_inline(self._path), action)
-            if self._inline is None and not self._closed:
-                self._inline = inline = _Inline(conn, threading.get_ident())
-            else:
-                conn.close()
-        if inline is not None and inline.thread == threading.get_ident():
-            try:
-                return read(inline.conn)
-            except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode & 0xFF not in _BUSY:
-                    raise translated_sqlite(exc, action) from exc
-            except (sqlite3.Error, OverflowError, OSError) as exc:
-                raise translated_sqlite(exc, action) from exc
+        done = await self._on_loop(read, action)
+        if done is not _ELSEWHERE:
+            return done
         return await self._reader.call(read, action)
 
     async def write(self, values: Values, relabels: Relabels, action: str) -> set[str]:
@@ -157,7 +167,9 @@ class SqliteTurns:
         session_ids = sorted({str(row["session_id"]) for row in values})
 
         def write(conn: sqlite3.Connection) -> set[str]:
-            conn.execute("BEGIN")
+            # IMMEDIATE: the write lock first, so a connection that waits for no lock
+            # learns it is held before it has done anything.
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 late = self._write(conn, values, bound, session_ids, relabels)
                 conn.execute("COMMIT")
@@ -167,8 +179,58 @@ class SqliteTurns:
                 raise
             return late
 
+        def timed(conn: sqlite3.Connection) -> tuple[set[str], float]:
+            began = time.perf_counter()
+            return write(conn), time.perf_counter() - began
+
         self._check_open(action)
-        return await self._writer.call(write, action)
+        if self._write_on_loop:
+            began = time.perf_counter()
+            done = await self._on_loop(write, action)
+            if done is not _ELSEWHERE:
+                self._note_write(time.perf_counter() - began)
+                return done
+        late, took = await self._writer.call(timed, action)
+        self._note_write(took)
+        return late
+
+    def _note_write(self, took: float) -> None:
+        fast = took <= INLINE_WRITE_S
+        self._fast_writes = self._fast_writes + 1 if fast and not self._write_on_loop else 0
+        on_loop = fast and (self._write_on_loop or self._fast_writes >= FAST_WRITES_TO_RETURN)
+        if on_loop != self._write_on_loop:
+            _log.info(
+                "SQLite writes move %s: the last commit took %.1f ms",
+                "onto the event loop" if on_loop else "to their thread",
+                took * 1000,
+            )
+        self._write_on_loop = on_loop
+
+    async def _on_loop(
+        self, work: Callable[[sqlite3.Connection], T], action: str
+    ) -> T | _Elsewhere:
+        """``work`` run here, on the loop's connection; ``_ELSEWHERE`` when SQLite answered
+        busy (nothing done) or the caller is not the loop's thread."""
+        inline = self._inline
+        if inline is None:
+            # Opened on the reader thread: opening may wait for a lock (a switch to WAL).
+            conn = await self._reader.call(lambda _: _open_inline(self._path), action)
+            if self._inline is None and not self._closed:
+                self._inline = inline = _Inline(conn, threading.get_ident())
+            else:
+                conn.close()
+        if inline is None or inline.thread != threading.get_ident():
+            return _ELSEWHERE
+        try:
+            return work(inline.conn)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF in _BUSY:
+                return _ELSEWHERE
+            raise translated_sqlite(exc, action) from exc
+        except LegoError:
+            raise
+        except (sqlite3.Error, OverflowError, OSError) as exc:
+            raise translated_sqlite(exc, action) from exc
 
     def _write(
         self,

@@ -234,3 +234,55 @@ async def test_a_status_read_from_another_thread_goes_to_the_reader(tmp_path: Pa
         assert answer == ("active", None)
     finally:
         await store.close()
+
+
+async def test_writes_run_on_the_loop_until_a_commit_is_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fast commit needs no thread; a commit slower than INLINE_WRITE_S sends the next
+    writes to the writer thread (the loop must not wait on a slow disk), and
+    FAST_WRITES_TO_RETURN fast ones in a row there bring them back."""
+    url = sqlite_url(tmp_path)
+    await upgrade_database(url)
+    store = await Store.open(url)
+    try:
+        session = await new_session(store)
+        per_turn = store._per_turn
+        assert isinstance(per_turn, SqliteTurns)
+        loop = asyncio.get_running_loop()
+
+        async def write_while_the_threads_are_held(seq: int) -> bool:
+            """Whether the write was done before the per-turn threads were let go."""
+            release = asyncio.Event()
+
+            def hold(_: sqlite3.Connection) -> None:
+                asyncio.run_coroutine_threadsafe(release.wait(), loop).result(timeout=30)
+
+            held = [
+                asyncio.create_task(thread.call(hold, "hold"))
+                for thread in (per_turn._reader, per_turn._writer)
+            ]
+            await asyncio.sleep(0.1)
+            write = asyncio.create_task(
+                store.write_rows([rows.encode_turn(make_turn(session.id, seq))])
+            )
+            await asyncio.sleep(0.3)
+            done_before = write.done()
+            release.set()
+            await asyncio.gather(*held)
+            assert await asyncio.wait_for(write, 15) == set()
+            return done_before
+
+        assert await store.finished_termination(session.id) is None  # opens the connection
+        assert await write_while_the_threads_are_held(0)  # on the loop
+        monkeypatch.setattr("recorder.sqlite_turns.INLINE_WRITE_S", 0.0)
+        assert await write_while_the_threads_are_held(1)  # on the loop, found slow
+        assert not await write_while_the_threads_are_held(2)  # so on the thread
+        monkeypatch.setattr("recorder.sqlite_turns.INLINE_WRITE_S", 60.0)
+        monkeypatch.setattr("recorder.sqlite_turns.FAST_WRITES_TO_RETURN", 2)
+        assert not await write_while_the_threads_are_held(3)  # on the thread, fast once
+        assert not await write_while_the_threads_are_held(4)  # fast twice in a row
+        assert await write_while_the_threads_are_held(5)  # so on the loop again
+        assert [t.seq for t in await store.list_turns(session.id)] == [0, 1, 2, 3, 4, 5]
+    finally:
+        await store.close()
