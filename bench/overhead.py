@@ -18,11 +18,12 @@ where installed), ``asyncio-h11`` (the stdlib loop and the pure-Python parser),
 (``recorder.scratch_postgres``: ``LEGO_TEST_POSTGRES_URL`` or a throwaway cluster) instead
 of its own SQLite file. ``--baseline DIR`` adds ``baseline``: the default variant run
 from another checkout (a ``git worktree add DIR <commit>``), so a change is measured
-against its parent in the same rounds. Each concurrent client is one harness: its own
-session and its own keep-alive connection.
+against its parent in the same rounds. ``--stream``: the harness asks for its answer as
+SSE and reads it to the end (the direct path streams either way). Each concurrent client
+is one harness: its own session and its own keep-alive connection.
 
     python -m bench.overhead [--requests 600] [--concurrency 1 16 64] [--variants default ...]
-        [--baseline DIR] [--database sqlite|postgres]
+        [--baseline DIR] [--database sqlite|postgres] [--stream]
 """
 
 from __future__ import annotations
@@ -301,6 +302,8 @@ def run(args: argparse.Namespace) -> None:
             for name, url in zip(names, urls, strict=True)
         ]
         chat_body = {"model": "bench", "messages": MESSAGES, "max_tokens": 16}
+        if args.stream:
+            chat_body["stream"] = True
         body = generate_body(ready.model)
         asyncio.run(
             compare(args, ready.engine, ready.engine_url, proxies, chat_body, body, ready.root)
@@ -325,12 +328,16 @@ async def compare(
 
     def through(proxy: Proxy) -> Call:
         async def call(client: httpx.AsyncClient, slot: int) -> None:
-            response = await client.post(
-                f"{proxy.url}/v1/chat/completions",
-                json=chat_body,
-                headers={"authorization": f"Bearer {keys[proxy.name][slot]}"},
-            )
-            response.raise_for_status()
+            url = f"{proxy.url}/v1/chat/completions"
+            headers = {"authorization": f"Bearer {keys[proxy.name][slot]}"}
+            if not args.stream:
+                response = await client.post(url, json=chat_body, headers=headers)
+                response.raise_for_status()
+                return
+            async with client.stream("POST", url, json=chat_body, headers=headers) as streamed:
+                async for _ in streamed.aiter_lines():
+                    pass
+                streamed.raise_for_status()
 
         return call
 
@@ -416,6 +423,11 @@ def main() -> None:
         "--variants", nargs="+", choices=sorted(VARIANTS), default=["default", "asyncio-h11"]
     )
     parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="the harness streams its turns (SSE), as Claude Code, Codex and OpenCode do",
+    )
     add_baseline_argument(parser, "its default variant")
     run(parser.parse_args())
 
