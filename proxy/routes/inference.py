@@ -278,15 +278,18 @@ async def _frames(
         include_usage=turn.request.include_usage,
         prompt_tokens=len(turn.prompt_ids),
     )
+    # Frames are sent together until the stream has to wait for the model: one write (one
+    # TCP segment, one wake-up of the harness) per burst instead of one per frame.
+    out: list[bytes] = list(adapter.stream_start(stream))
     try:
-        for frame in adapter.stream_start(stream):
-            yield frame
         waited = not pending.done()  # the first event is already over FIRST_EVENT_WAIT_S late
         while True:
             while not pending.done():
                 if waited:
-                    for frame in adapter.stream_ping(stream):
-                        yield frame
+                    out.extend(adapter.stream_ping(stream))
+                if out:
+                    yield b"".join(out)
+                    out.clear()
                 waited = True
                 waiting: set[asyncio.Future[Any]] = {pending, gone}
                 await asyncio.wait(
@@ -297,22 +300,19 @@ async def _frames(
             event = pending.result()
             if event is None:
                 break
-            for frame in adapter.stream_event(stream, event):
-                yield frame
+            out.extend(adapter.stream_event(stream, event))
             waited = False
             pending = asyncio.get_running_loop().create_task(_next(events))
-        for frame in adapter.stream_end(stream):
-            yield frame
+        out.extend(adapter.stream_end(stream))
     except LegoError as exc:
-        for frame in adapter.stream_error(stream, exc):
-            yield frame
+        out.extend(adapter.stream_error(stream, exc))
     except Exception as exc:
         # A bug mid-stream: end it with the protocol's in-band error, not a cut connection.
         log.exception("unexpected error in a %s stream", adapter.name)
-        for frame in adapter.stream_error(stream, internal_error(exc)):
-            yield frame
+        out.extend(adapter.stream_error(stream, internal_error(exc)))
     finally:
         await _cancel(pending, events)
+    yield b"".join(out)
 
 
 async def answer_turn(
