@@ -14,11 +14,11 @@ last of them. ``input_token_logprobs`` is ``[]`` until the final chunk
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
+import pybase64
 from pydantic import BaseModel, ConfigDict
 
 from engine.jobs import FinishEvent, GenerationJob, TokenEvent
@@ -104,7 +104,7 @@ class UpdateWeightVersionBody(_Body):
 
 def encode_routed_experts(rows: np.ndarray[Any, np.dtype[np.int32]]) -> str:
     little = np.ascontiguousarray(rows, dtype="<i4")
-    return base64.b64encode(little.tobytes()).decode("ascii")
+    return pybase64.b64encode(little.tobytes()).decode("ascii")  # as SGLang encodes them
 
 
 class OutputState:

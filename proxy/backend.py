@@ -53,7 +53,7 @@ as long as that count is cumulative and anything shorter is a delta
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 import contextlib
 import hashlib
 import logging
@@ -64,6 +64,7 @@ import aiohttp
 import httpx
 import numpy as np
 import orjson
+import pybase64
 
 from kernel.errors import BackendError, BackendMisconfigured, BackendUnavailable
 from proxy.backend_wire import (
@@ -449,8 +450,10 @@ class SGLangBackend:
                             finish=end,
                             weight_version=str(meta.get("weight_version", "default")),
                             prompt_tokens=int(meta.get("prompt_tokens", len(call.input_ids))),
-                            routed_experts=self._decode_experts(
-                                meta.get("routed_experts"), call.routed_experts_start_len or 0
+                            routed_experts=decode_experts(
+                                meta.get("routed_experts"),
+                                self._experts,
+                                call.routed_experts_start_len or 0,
                             ),
                             weight_version_spans=spans(meta.get("weight_versions"), seen),
                         )
@@ -498,19 +501,26 @@ class SGLangBackend:
         with contextlib.suppress(httpx.HTTPError):
             await self._client.post(f"{url}/abort_request", json={"rid": rid}, timeout=5.0)
 
-    def _decode_experts(self, encoded: object, start: int) -> RoutedExperts | None:
-        if self._experts is None or not isinstance(encoded, str):
-            return None
-        flat = np.frombuffer(base64.b64decode(encoded), dtype="<i4")
-        per_row = self._experts.num_layers * self._experts.top_k
-        if flat.size % per_row:
-            raise BackendError(
-                f"routed experts payload of {flat.size} ids is not a multiple of "
-                f"{self._experts.num_layers} layers x top-{self._experts.top_k}",
-                retryable=False,
-            )
-        rows = flat.reshape(-1, self._experts.num_layers, self._experts.top_k).astype(np.int32)
-        return RoutedExperts(start=start, rows=rows)
+
+def decode_experts(encoded: object, shape: ExpertShape | None, start: int) -> RoutedExperts | None:
+    """SGLang's ``meta_info.routed_experts`` (base64 of little-endian int32, rows of layers x
+    top-k) as rows from ``start``; None when the model has no experts or none were sent."""
+    if shape is None or not isinstance(encoded, str):
+        return None
+    try:
+        raw = pybase64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BackendError(f"routed experts payload is not base64: {exc}", retryable=False) from exc
+    per_row = shape.num_layers * shape.top_k
+    if len(raw) % (4 * per_row):
+        raise BackendError(
+            f"routed experts payload of {len(raw)} bytes is not a multiple of "
+            f"{shape.num_layers} layers x top-{shape.top_k} int32 ids",
+            retryable=False,
+        )
+    flat = np.frombuffer(raw, dtype="<i4")
+    rows = flat.reshape(-1, shape.num_layers, shape.top_k).astype(np.int32)
+    return RoutedExperts(start=start, rows=rows)
 
 
 def stream_session(read_timeout_s: float) -> aiohttp.ClientSession:

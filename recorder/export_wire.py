@@ -54,7 +54,6 @@ body. Unknown fields are ignored.
 
 from __future__ import annotations
 
-import base64
 import math
 import struct
 from collections.abc import Mapping, Sequence
@@ -64,6 +63,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 import orjson
+import pybase64
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernel.errors import InvalidRequest, RecorderError
@@ -342,7 +342,7 @@ def _b64(array: npt.NDArray[Any]) -> dict[str, object]:
     return {
         "dtype": array.dtype.str,
         "shape": list(array.shape),
-        "data": base64.b64encode(np.ascontiguousarray(array).data).decode("ascii"),
+        "data": pybase64.b64encode(np.ascontiguousarray(array).data).decode("ascii"),
     }
 
 
@@ -599,7 +599,7 @@ def _decode(value: list[Any] | _Array, payload: memoryview | None) -> npt.NDArra
         if wire_dtype.kind not in _ARRAY_KINDS or any(n < 0 for n in value.shape):
             raise ValueError("not a numeric dtype, or a negative dimension")
         if isinstance(value, _EncodedWire):
-            raw = np.frombuffer(base64.b64decode(value.data), dtype=wire_dtype)
+            raw = np.frombuffer(pybase64.b64decode(value.data), dtype=wire_dtype)
         elif payload is None:
             raise ValueError("an array reference outside a binv1 frame")
         else:
