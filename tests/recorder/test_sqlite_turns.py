@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from recorder import rows
 from recorder.migrate import upgrade_database
 from recorder.per_turn import OverSqlAlchemy
 from recorder.postgres_turns import PostgresTurns
+from recorder.records import SessionInfo
 from recorder.sqlite_turns import SqliteTurns
 from recorder.store import Store
 from tests.recorder.builders import make_turn
@@ -136,39 +139,52 @@ async def test_every_connection_to_a_sqlite_file_syncs_every_commit(tmp_path: Pa
         await store.close()
 
 
-async def test_a_status_read_runs_on_the_loop_and_waits_on_no_thread(tmp_path: Path) -> None:
-    """After the first, a status read needs neither per-turn thread: it answers while both
-    are busy (a handoff costs more CPU than the read), and sees a finish at once."""
+@asynccontextmanager
+async def read_once(tmp_path: Path) -> AsyncIterator[tuple[Store, SessionInfo, SqliteTurns]]:
+    """A store on a SQLite file, a session in it, and one status read done (which opens
+    the loop's connection); the store is closed when the block ends."""
     url = sqlite_url(tmp_path)
     await upgrade_database(url)
     store = await Store.open(url)
     try:
         session = await new_session(store)
-        assert await store.finished_termination(session.id) is None  # opens the connection
+        assert await store.finished_termination(session.id) is None
         per_turn = store._per_turn
         assert isinstance(per_turn, SqliteTurns)
-        release = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def hold(_: sqlite3.Connection) -> None:
-            asyncio.run_coroutine_threadsafe(release.wait(), loop).result(timeout=30)
-
-        held = [
-            asyncio.create_task(thread.call(hold, "hold"))
-            for thread in (per_turn._reader, per_turn._writer)
-        ]
-        await asyncio.sleep(0.1)
-        try:
-            assert await asyncio.wait_for(store.finished_termination(session.id), 2) is None
-            await store.finish_session(session.id, "completed", 1.0, None)
-            assert await asyncio.wait_for(store.finished_termination(session.id), 2) == (
-                "completed"
-            )
-        finally:
-            release.set()
-            await asyncio.gather(*held)
+        yield store, session, per_turn
     finally:
         await store.close()
+
+
+@asynccontextmanager
+async def both_threads_held(per_turn: SqliteTurns) -> AsyncIterator[None]:
+    """The reader and the writer thread busy (each running a call that waits) until the
+    block ends."""
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def hold(_: sqlite3.Connection) -> None:
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(timeout=30)
+
+    held = [
+        asyncio.create_task(thread.call(hold, "hold"))
+        for thread in (per_turn._reader, per_turn._writer)
+    ]
+    await asyncio.sleep(0.1)
+    try:
+        yield
+    finally:
+        release.set()
+        await asyncio.gather(*held)
+
+
+async def test_a_status_read_runs_on_the_loop_and_waits_on_no_thread(tmp_path: Path) -> None:
+    """After the first, a status read needs neither per-turn thread: it answers while both
+    are busy (a handoff costs more CPU than the read), and sees a finish at once."""
+    async with read_once(tmp_path) as (store, session, per_turn), both_threads_held(per_turn):
+        assert await asyncio.wait_for(store.finished_termination(session.id), 2) is None
+        await store.finish_session(session.id, "completed", 1.0, None)
+        assert await asyncio.wait_for(store.finished_termination(session.id), 2) == ("completed")
 
 
 class BusyOnce:
@@ -194,14 +210,7 @@ class BusyOnce:
 async def test_a_busy_status_read_is_answered_on_the_reader_thread(tmp_path: Path) -> None:
     """The loop's connection waits for no lock: a read SQLite answers "busy" goes to the
     reader thread, whose connection waits for it; any other failure is the store's error."""
-    url = sqlite_url(tmp_path)
-    await upgrade_database(url)
-    store = await Store.open(url)
-    try:
-        session = await new_session(store)
-        assert await store.finished_termination(session.id) is None
-        per_turn = store._per_turn
-        assert isinstance(per_turn, SqliteTurns)
+    async with read_once(tmp_path) as (store, session, per_turn):
         inline = per_turn._inline
         assert inline is not None
         busy = BusyOnce(inline.conn)
@@ -213,27 +222,16 @@ async def test_a_busy_status_read_is_answered_on_the_reader_thread(tmp_path: Pat
         busy.conn.close()  # a connection that fails otherwise: the store's error
         with pytest.raises(RecorderError, match="read a session's status"):
             await per_turn.status(session.id, "read a session's status")
-    finally:
-        await store.close()
 
 
 async def test_a_status_read_from_another_thread_goes_to_the_reader(tmp_path: Path) -> None:
     """The loop's connection serves the thread that first read; another thread's event
     loop (a caller in a worker thread) is answered on the reader thread."""
-    url = sqlite_url(tmp_path)
-    await upgrade_database(url)
-    store = await Store.open(url)
-    try:
-        session = await new_session(store)
-        assert await store.finished_termination(session.id) is None
-        per_turn = store._per_turn
-        assert isinstance(per_turn, SqliteTurns)
+    async with read_once(tmp_path) as (_, session, per_turn):
         answer = await asyncio.to_thread(
             asyncio.run, per_turn.status(session.id, "read a session's status")
         )
         assert answer == ("active", None)
-    finally:
-        await store.close()
 
 
 async def test_writes_run_on_the_loop_until_a_commit_is_slow(
@@ -249,27 +247,15 @@ async def test_writes_run_on_the_loop_until_a_commit_is_slow(
         session = await new_session(store)
         per_turn = store._per_turn
         assert isinstance(per_turn, SqliteTurns)
-        loop = asyncio.get_running_loop()
 
         async def write_while_the_threads_are_held(seq: int) -> bool:
             """Whether the write was done before the per-turn threads were let go."""
-            release = asyncio.Event()
-
-            def hold(_: sqlite3.Connection) -> None:
-                asyncio.run_coroutine_threadsafe(release.wait(), loop).result(timeout=30)
-
-            held = [
-                asyncio.create_task(thread.call(hold, "hold"))
-                for thread in (per_turn._reader, per_turn._writer)
-            ]
-            await asyncio.sleep(0.1)
-            write = asyncio.create_task(
-                store.write_rows([rows.encode_turn(make_turn(session.id, seq))])
-            )
-            await asyncio.sleep(0.3)
-            done_before = write.done()
-            release.set()
-            await asyncio.gather(*held)
+            async with both_threads_held(per_turn):
+                write = asyncio.create_task(
+                    store.write_rows([rows.encode_turn(make_turn(session.id, seq))])
+                )
+                await asyncio.sleep(0.3)
+                done_before = write.done()
             assert await asyncio.wait_for(write, 15) == set()
             return done_before
 

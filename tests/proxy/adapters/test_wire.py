@@ -1,6 +1,6 @@
 """``proxy.adapters.wire``: the unstorable-value check skips its walk only when the JSON
 text cannot hold what it refuses, and refuses the same values, with the same message, as
-the full walk; ``ignored_extras`` finds unknown fields at any depth."""
+the full walk; unknown fields are found at any depth."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from kernel.errors import InvalidRequest
 from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.base import Adapter
-from proxy.adapters.openai_chat import OpenAIChatAdapter, _Body
+from proxy.adapters.openai_chat import OpenAIChatAdapter
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter
 from proxy.adapters.signing import ReasoningSigner
-from proxy.adapters.wire import ignored_extras, refuse_unstorable
+from proxy.adapters.wire import refuse_unstorable
 
 SIGNER = ReasoningSigner(b"secret")
 
@@ -107,32 +107,29 @@ def test_the_scan_never_skips_a_value_the_walk_refuses(value: Any, style: str) -
     assert refusal(parsed, text.encode()) == refusal(parsed, None)
 
 
-def test_ignored_extras_finds_unknown_fields_at_any_depth() -> None:
-    body = _Body.model_validate_json(
-        json.dumps(
+def test_unknown_fields_are_found_at_any_depth() -> None:
+    """``ignored_extras`` descends only into fields that can hold models or lists, and
+    still finds every unknown field, however deep."""
+    body = {
+        "model": "m",
+        "top_extra": 1,
+        "messages": [
+            {"role": "user", "content": "hi", "name_tag": "x"},
             {
-                "model": "m",
-                "top_extra": 1,
-                "messages": [
-                    {"role": "user", "content": "hi", "name_tag": "x"},
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
                     {
-                        "role": "assistant",
-                        "content": None,
-                        "tool_calls": [
-                            {
-                                "id": "c",
-                                "type": "function",
-                                "function": {"name": "bash", "arguments": "{}", "strict": 1},
-                            }
-                        ],
-                    },
+                        "id": "c",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": "{}", "strict": 1},
+                    }
                 ],
-            }
-        )
-    )
-    found: set[str] = set()
-    ignored_extras(body, "", found)
-    assert found == {
+            },
+        ],
+    }
+    request = OpenAIChatAdapter().parse_request(json.dumps(body).encode())
+    assert set(request.ignored_fields) == {
         "top_extra",
         "messages[].name_tag",
         "messages[].tool_calls[].function.strict",
