@@ -124,9 +124,7 @@ def _may_nest(annotation: object) -> bool:
 
 @cache
 def _nesting_fields(model: type[BaseModel]) -> tuple[str, ...]:
-    return tuple(
-        name for name, field in model.model_fields.items() if _may_nest(field.annotation)
-    )
+    return tuple(name for name, field in model.model_fields.items() if _may_nest(field.annotation))
 
 
 def ignored_extras(node: object, path: str, found: set[str]) -> None:
