@@ -10,7 +10,7 @@ walks a parsed body, unknown fields and free-form JSON included): integers outsi
 (no upstream API takes them, orjson cannot write them, so such a turn could be served but
 never recorded), numbers that overflowed to infinity, and NUL in a field name. Given the
 JSON text a body was parsed from, it walks the body only when the text could spell one of
-them (``_may_be_unstorable``); a long conversation costs one regular-expression scan
+them (``_may_be_unstorable``); a long conversation costs a few searches of its bytes
 instead of a walk of every value. ``Name`` is
 a string without NUL, for the values that become database text (the model name, stop
 strings): Postgres text and JSONB cannot hold U+0000.
