@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import asyncpg
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from kernel.errors import LegoError, RecorderUnavailable
 from recorder import rows
-from recorder.database import parse_url, translated_asyncpg
+from recorder.database import translated_asyncpg
 from recorder.per_turn import LATE_ERROR, Relabels, TurnColumns, Values
 from recorder.records import SessionStatus, TurnStatus
 from recorder.schema import turns
@@ -112,18 +112,14 @@ class PostgresTurns:
 
     @classmethod
     async def open(
-        cls, url: str, *, on_lost: Callable[[], Awaitable[None]] | None = None
+        cls, engine: AsyncEngine, *, on_lost: Callable[[], Awaitable[None]] | None = None
     ) -> PostgresTurns:
-        """A pool on the database ``url`` names (a ``postgresql+asyncpg://`` URL, with the
-        connect arguments SQLAlchemy would pass); it connects on first use. ``on_lost`` is
-        awaited when a statement found its connection gone (the store drops its engine's
-        idle connections too: they went with the same restart)."""
-        parsed = parse_url(url)
-        engine = create_async_engine(parsed)  # for its dialect's reading of the URL only
-        try:
-            _, arguments = engine.dialect.create_connect_args(parsed)
-        finally:
-            await engine.dispose()
+        """A pool on the database ``engine`` (the store's, on a ``postgresql+asyncpg://``
+        URL) connects to, with the connect arguments its dialect passes asyncpg; it
+        connects on first use. ``on_lost`` is awaited when a statement found its
+        connection gone (the store drops its engine's idle connections too: they went with
+        the same restart)."""
+        _, arguments = engine.dialect.create_connect_args(engine.url)
         if "prepared_statement_cache_size" in arguments:
             arguments["statement_cache_size"] = arguments.pop("prepared_statement_cache_size")
         arguments.pop("prepared_statement_name_func", None)

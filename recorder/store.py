@@ -99,7 +99,7 @@ class Store:
             per_turn = SqliteTurns(str(parsed.database))
         else:
             # A restart that broke the per-turn pool's connections broke the engine's too.
-            per_turn = await PostgresTurns.open(url, on_lost=engine.dispose)
+            per_turn = await PostgresTurns.open(engine, on_lost=engine.dispose)
         return cls(engine, sqlite_dialect=sqlite_dialect, per_turn=per_turn)
 
     async def close(self) -> None:
