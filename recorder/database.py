@@ -116,42 +116,45 @@ async def autocommit(engine: AsyncEngine, action: str) -> AsyncIterator[AsyncCon
         raise translated(exc, action) from exc
 
 
+# Each kind of failure, and what its message says before the driver's own line.
+_SAYS: dict[type[LegoError], str] = {
+    Conflict: "",
+    InvalidRequest: "the database refused a value: ",
+    RecorderUnavailable: "the database is unavailable: ",
+    RecorderError: "database error: ",
+}
+
+
+def _failure(kind: type[LegoError], exc: BaseException, action: str) -> LegoError:
+    return kind(f"cannot {action}: {_SAYS[kind]}{describe_error(exc)}")
+
+
 def translated(exc: SQLAlchemyError | OSError, action: str) -> LegoError:
     """The project's error for a database failure while doing ``action``."""
+    kind: type[LegoError] = RecorderError
     if isinstance(exc, IntegrityError):
-        return Conflict(f"cannot {action}: {describe_error(exc)}")
-    if isinstance(exc, StatementError):
+        kind = Conflict
+    elif isinstance(exc, StatementError):
         if _refused_value(exc):
-            return InvalidRequest(
-                f"cannot {action}: the database refused a value: {describe_error(exc)}"
-            )
-        if _unreachable(exc):
-            return RecorderUnavailable(
-                f"cannot {action}: the database is unavailable: {describe_error(exc)}"
-            )
-        return RecorderError(f"cannot {action}: database error: {describe_error(exc)}")
-    if isinstance(exc, OSError):
-        # asyncpg reports refused/reset connections as plain socket errors.
-        return RecorderUnavailable(
-            f"cannot {action}: the database is unavailable: {describe_error(exc)}"
-        )
-    return RecorderError(f"cannot {action}: database error: {describe_error(exc)}")
+            kind = InvalidRequest
+        elif _unreachable(exc):
+            kind = RecorderUnavailable
+    elif isinstance(exc, OSError):
+        kind = RecorderUnavailable  # asyncpg reports refused/reset connections as such
+    return _failure(kind, exc, action)
 
 
 def translated_sqlite(exc: Exception, action: str) -> LegoError:
     """``translated`` for what ``sqlite3`` raises itself (``recorder.sqlite_turns`` runs
     it without SQLAlchemy): the same classes as through SQLAlchemy."""
+    kind: type[LegoError] = RecorderError
     if isinstance(exc, sqlite3.IntegrityError):
-        return Conflict(f"cannot {action}: {describe_error(exc)}")
-    if isinstance(exc, OverflowError):  # an integer past 64 bits
-        return InvalidRequest(
-            f"cannot {action}: the database refused a value: {describe_error(exc)}"
-        )
-    if isinstance(exc, OSError):
-        return RecorderUnavailable(
-            f"cannot {action}: the database is unavailable: {describe_error(exc)}"
-        )
-    return RecorderError(f"cannot {action}: database error: {describe_error(exc)}")
+        kind = Conflict
+    elif isinstance(exc, OverflowError):  # an integer past 64 bits
+        kind = InvalidRequest
+    elif isinstance(exc, OSError):
+        kind = RecorderUnavailable
+    return _failure(kind, exc, action)
 
 
 def translated_asyncpg(exc: Exception, action: str) -> LegoError:
@@ -159,18 +162,15 @@ def translated_asyncpg(exc: Exception, action: str) -> LegoError:
     without SQLAlchemy): the same classes, by SQLSTATE."""
     sqlstate = getattr(exc, "sqlstate", None)
     cls = sqlstate[:2] if isinstance(sqlstate, str) else ""
-    if cls == "23":
-        return Conflict(f"cannot {action}: {describe_error(exc)}")
-    if cls == "22":  # also asyncpg's DataError for a value it cannot encode
-        return InvalidRequest(
-            f"cannot {action}: the database refused a value: {describe_error(exc)}"
-        )
     closed = isinstance(exc, asyncpg.InterfaceError) and "connection is closed" in str(exc)
-    if cls in ("08", "57") or closed or isinstance(exc, OSError | TimeoutError):
-        return RecorderUnavailable(
-            f"cannot {action}: the database is unavailable: {describe_error(exc)}"
-        )
-    return RecorderError(f"cannot {action}: database error: {describe_error(exc)}")
+    kind: type[LegoError] = RecorderError
+    if cls == "23":
+        kind = Conflict
+    elif cls == "22":  # also asyncpg's DataError for a value it cannot encode
+        kind = InvalidRequest
+    elif cls in ("08", "57") or closed or isinstance(exc, OSError | TimeoutError):
+        kind = RecorderUnavailable
+    return _failure(kind, exc, action)
 
 
 def _refused_value(exc: StatementError) -> bool:
