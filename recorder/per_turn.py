@@ -16,7 +16,8 @@ implementation of this one contract (``PerTurn``):
   (``recorder.database``).
 
 Each runs on its driver directly: ``recorder.postgres_turns`` (asyncpg) and
-``recorder.sqlite_turns`` (``sqlite3`` on threads of its own): through SQLAlchemy's async
+``recorder.sqlite_turns`` (``sqlite3`` on the event loop, on threads of its own when a lock
+must be waited for): through SQLAlchemy's async
 engine every DBAPI call is a greenlet switch (and on SQLite a thread hop), more CPU than
 the statements themselves. ``OverSqlAlchemy`` is the same contract on the store's async
 engine, for an in-memory SQLite database (a second connection would see another, empty
