@@ -90,8 +90,9 @@ async def _sync_pauses(
     backend with the workers taken out of rotation."""
     while True:
         try:
-            gate.sync(await asyncio.wait_for(exports.paused_runs(), 1.0))
-            backend.exclude(await asyncio.wait_for(exports.worker_exclusions(), 1.0))
+            state = await asyncio.wait_for(exports.pause_state(), 1.0)
+            gate.sync(state.paused_runs)
+            backend.exclude(state.worker_exclusions)
         except (TimeoutError, LegoError):
             # Deliberately swallowed: a database outage must not stop inference; the gate
             # keeps its last known state until the next poll succeeds.
