@@ -227,22 +227,22 @@ async def handle_turn(
             except BaseException:
                 await _cancel(first, events)
                 raise
-            metrics.requests.labels(adapter=adapter.name, status="200").inc()
+            metrics.child(metrics.requests, adapter=adapter.name, status="200").inc()
             return EventStream(lambda gone: _frames(adapter, prepared, first, events, gone))
         turn = await _collect_unless_disconnected(request.receive, events)
         if turn is None:
-            metrics.requests.labels(adapter=adapter.name, status="499").inc()
+            metrics.child(metrics.requests, adapter=adapter.name, status="499").inc()
             return Response(status_code=499)
         content = adapter.render_response(turn, model=chat.model, created=int(time.time()))
-        metrics.requests.labels(adapter=adapter.name, status="200").inc()
+        metrics.child(metrics.requests, adapter=adapter.name, status="200").inc()
         return Response(content, media_type=JSON)
     except LegoError as exc:
-        metrics.requests.labels(adapter=adapter.name, status=str(exc.status)).inc()
+        metrics.child(metrics.requests, adapter=adapter.name, status=str(exc.status)).inc()
         return error_reply(adapter, exc)
     except Exception as exc:
         # A bug: the harness still gets its protocol's error, never a bare text 500.
         log.exception("unexpected error in a %s request", adapter.name)
-        metrics.requests.labels(adapter=adapter.name, status="500").inc()
+        metrics.child(metrics.requests, adapter=adapter.name, status="500").inc()
         return error_reply(adapter, internal_error(exc))
 
 
