@@ -29,7 +29,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -292,8 +292,7 @@ class Pipeline:
             # no crash can fall between a completed response and its record. Shielded: a
             # disconnect now must not leave the turn half-submitted. The record says what
             # the ledger committed (a root that raced another first turn may be settled).
-            settled = replace(turn, plan=committed)
-            record = self._record(settled, progress, parser, status, error)
+            record = self._record(turn, committed, progress, parser, status, error, answer)
             recorded = True
             self._conversations.commit(
                 turn.session.id,
@@ -331,7 +330,7 @@ class Pipeline:
             # Every turn that got this far is recorded, failures included, so that nothing
             # the harness saw (or failed to see) goes missing from the trajectory.
             if not recorded:
-                self._writer.submit(self._record(turn, progress, parser, status, error))
+                self._writer.submit(self._record(turn, turn.plan, progress, parser, status, error))
 
     async def _generate(
         self, turn: PreparedTurn, progress: _Progress
@@ -391,19 +390,23 @@ class Pipeline:
     def _record(
         self,
         turn: PreparedTurn,
+        plan: PromptPlan,
         progress: _Progress,
         parser: OutputParser,
         status: TurnStatus,
         error: str | None,
+        answer: Message | None = None,
     ) -> TurnRecord:
-        """The turn's record, counted in the metrics; the caller hands it to the writer."""
+        """The turn's record, counted in the metrics; the caller hands it to the writer.
+        ``plan`` is what the ledger committed (a root that raced another first turn may be
+        settled), else the turn's own; ``answer`` the parsed answer when already built."""
         end = progress.end
         now = time.perf_counter() - turn.started
+        if answer is None:
+            answer = progress.message.canonical()
         routed: RoutedExperts | None = end.routed_experts if end is not None else None
         # Only what the request adds to its parent's conversation (linear storage).
-        encoded = self._conversations.encode(
-            turn.session.id, turn.plan.parent_turn_id, turn.request
-        )
+        encoded = self._conversations.encode(turn.session.id, plan.parent_turn_id, turn.request)
         record = TurnRecord(
             id=turn.turn_id,
             session_id=turn.session.id,
@@ -420,16 +423,16 @@ class Pipeline:
             sampling_params=turn.sampling_params,
             request_messages=encoded.data,
             messages_inherited=encoded.inherited,
-            response_message=answer_of(progress.message.canonical()).encode(),
+            response_message=answer_of(answer).encode(),
             ignored_fields=turn.request.ignored_fields,
             malformed_tool_calls=parser.malformed_tool_calls,
             resumptions=progress.resumptions,
             error=error,
-            parent_turn_id=turn.plan.parent_turn_id,
-            classification=turn.plan.classification.value,
-            fork_reason=turn.plan.fork_reason.value if turn.plan.fork_reason else None,
-            reused_prefix_len=turn.plan.reused_prefix_len,
-            side_requests=turn.plan.side_requests,
+            parent_turn_id=plan.parent_turn_id,
+            classification=plan.classification.value,
+            fork_reason=plan.fork_reason.value if plan.fork_reason else None,
+            reused_prefix_len=plan.reused_prefix_len,
+            side_requests=plan.side_requests,
             weight_version_spans=_straddled(progress.spans),
             timings=TurnTimings(
                 received_at=turn.received_at,
@@ -439,22 +442,25 @@ class Pipeline:
             ),
         )
         adapter = turn.request.adapter
-        self._metrics.ledger.labels(
-            classification=record.classification, reason=record.fork_reason or "none"
+        metrics = self._metrics
+        metrics.child(
+            metrics.ledger,
+            classification=record.classification,
+            reason=record.fork_reason or "none",
         ).inc()
         for _ in record.side_requests:
             # Counted as roots when they arrived; now they count as what they were.
-            self._metrics.ledger.labels(classification="fork", reason="side_request").inc()
-            self._metrics.ledger_relabels.labels(
-                was="root", classification="fork", reason="side_request"
+            metrics.child(metrics.ledger, classification="fork", reason="side_request").inc()
+            metrics.child(
+                metrics.ledger_relabels, was="root", classification="fork", reason="side_request"
             ).inc()
-        self._metrics.turns.labels(adapter=adapter, status=status.value).inc()
-        self._metrics.turn_duration.labels(adapter=adapter).observe(now)
-        self._metrics.added_latency.labels(adapter=adapter).observe(
+        metrics.child(metrics.turns, adapter=adapter, status=status.value).inc()
+        metrics.child(metrics.turn_duration, adapter=adapter).observe(now)
+        metrics.child(metrics.added_latency, adapter=adapter).observe(
             max(0.0, now - progress.backend_s)
         )
         if progress.first_token_s is not None:
-            self._metrics.ttft.labels(adapter=adapter).observe(progress.first_token_s)
+            metrics.child(metrics.ttft, adapter=adapter).observe(progress.first_token_s)
         self._metrics.prompt_tokens.inc(len(turn.prompt_ids))
         self._metrics.completion_tokens.inc(len(progress.output_ids))
         if parser.malformed_tool_calls:
