@@ -476,10 +476,15 @@ class SGLangBackend:
         body) so the connection can go back to the pool: one released before its body
         ends cannot, and the next turn would pay a new TCP connect. Bounded, so a backend
         that keeps the stream open after its finish costs a connection, never a turn.
-        True when the body was read to its end."""
+        True when the body was read to its end. The tail usually came with the finish
+        chunk: then it is taken as it is, with no timer armed."""
+        content = response.content
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            content.read_nowait()
+            if content.at_eof():
+                return True
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
-                async for _ in response.content.iter_any():
+                async for _ in content.iter_any():
                     pass
                 return True
         return False

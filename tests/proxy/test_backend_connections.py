@@ -4,6 +4,8 @@ instead of paying a connect (and a close) each. A counting relay sits between th
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -11,10 +13,11 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 import pytest
+from orjson import dumps
 
 from engine.config import EngineConfig
 from engine.loopback import running_engine
-from proxy.backend import GenerateCall, GenerationEnd, SGLangBackend
+from proxy.backend import DRAIN_TIMEOUT_S, GenerateCall, GenerationEnd, SGLangBackend
 from tests.proxy.conftest import running_proxy
 from tests.support.tcp_relay import TcpRelay
 
@@ -88,3 +91,99 @@ def test_turns_through_the_proxy_open_no_connection_each(
             assert [chunk for chunk in streamed]
             opened = relay.accepted - before
         assert opened <= 1, f"{opened} backend connections for {TURNS + 1} turns"
+
+
+class _TailedBackend:
+    """A ``/generate`` stream whose tail (``data: [DONE]`` and the chunked body's end)
+    comes in the finish chunk's segment (0), ``tail_after_s`` later, or never (None): what
+    a slow or misbehaving SGLang front sends. Counts the connections it accepts."""
+
+    def __init__(self, tail_after_s: float | None) -> None:
+        self.tail_after_s = tail_after_s
+        self.accepted = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                finish = {
+                    "output_ids": [7, 8],
+                    "meta_info": {
+                        "output_token_logprobs": [[-0.5, 7, None], [-0.25, 8, None]],
+                        "completion_tokens": 2,
+                        "prompt_tokens": 3,
+                        "finish_reason": {"type": "length", "length": 2},
+                    },
+                }
+                head = (
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n" + _chunk(b"data: %s\n\n" % dumps(finish))
+                )
+                tail = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+                if self.tail_after_s == 0:
+                    writer.write(head + tail)  # one segment, as SGLang's last write is
+                    continue
+                writer.write(head)
+                await writer.drain()
+                # None: never, held open until the client gives up
+                await asyncio.sleep(3600 if self.tail_after_s is None else self.tail_after_s)
+                writer.write(tail)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@pytest.mark.parametrize("tail_after_s", [0.0, 0.2])
+async def test_a_stream_whose_tail_comes_now_or_later_keeps_its_connection(
+    tail_after_s: float,
+) -> None:
+    """The tail taken as it came (no timer armed) or waited for (within DRAIN_TIMEOUT_S):
+    either way the connection goes back to the pool."""
+    backend_server = _TailedBackend(tail_after_s)
+    async with (
+        backend_server as url,
+        httpx.AsyncClient() as client,
+        SGLangBackend(client, [url], None) as backend,
+    ):
+        for turn in range(3):
+            items = [item async for item in backend.generate(call(f"t{turn}"))]
+            assert isinstance(items[-1], GenerationEnd)
+            assert items[-1].finish.type == "length"
+    assert backend_server.accepted == 1
+
+
+async def test_a_stream_whose_tail_never_comes_costs_a_connection_not_the_turn() -> None:
+    backend_server = _TailedBackend(None)
+    async with (
+        backend_server as url,
+        httpx.AsyncClient() as client,
+        SGLangBackend(client, [url], None) as backend,
+    ):
+        for turn in range(2):
+            began = time.monotonic()
+            items = [item async for item in backend.generate(call(f"n{turn}"))]
+            assert isinstance(items[-1], GenerationEnd)
+            assert time.monotonic() - began < DRAIN_TIMEOUT_S + 2
+    assert backend_server.accepted == 2  # the held one was dropped, not reused
