@@ -13,7 +13,10 @@ without them it says so and exits 2. ``docs/performance.md`` says how to read th
 where SQLAlchemy's async engine runs (greenlets).
 
     python -m bench.hotpath [--concurrency 16] [--seconds 10] [--variant default] [--raw FILE]
-        [--database sqlite|postgres]
+        [--database sqlite|postgres] [--reply-tokens N --token-ms MS [--incremental-streaming]]
+
+``--reply-tokens``/``--token-ms`` (``bench.overhead``'s) profile long streamed generations:
+what each chunk of a decoding engine's stream costs.
 """
 
 from __future__ import annotations
@@ -35,7 +38,16 @@ if not __package__:
 
 import httpx
 
-from bench.overhead import MESSAGES, VARIANTS, Proxy, cpu_seconds, stack
+from bench.overhead import (
+    MESSAGES,
+    REPLY_TOKENS,
+    VARIANTS,
+    Proxy,
+    add_engine_arguments,
+    cpu_seconds,
+    engine_arguments,
+    stack,
+)
 from recorder.scratch_postgres import running_postgres
 
 # (layer, substrings of a frame's file path), most specific first.
@@ -92,9 +104,9 @@ def summarise(raw: str) -> tuple[collections.Counter[str], collections.Counter[s
     return layers, leaves, total
 
 
-async def load(proxy: Proxy, keys: list[str], seconds: float) -> int:
-    """Closed-loop short turns for ``seconds``, one client (connection, session) per key."""
-    body = {"model": "bench", "messages": MESSAGES, "max_tokens": 16}
+async def load(proxy: Proxy, keys: list[str], seconds: float, max_tokens: int) -> int:
+    """Closed-loop turns for ``seconds``, one client (connection, session) per key."""
+    body = {"model": "bench", "messages": MESSAGES, "max_tokens": max_tokens}
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     done = 0
     stop = time.monotonic() + seconds
@@ -119,14 +131,15 @@ def run(args: argparse.Namespace) -> int:
     if spy is None:
         print("bench.hotpath needs py-spy: pip install py-spy", file=sys.stderr)
         return 2
-    with ExitStack() as databases, stack("lego-hotpath-") as ready:
+    max_tokens = args.reply_tokens or REPLY_TOKENS
+    with ExitStack() as databases, stack("lego-hotpath-", engine_arguments(args)) as ready:
         url = None  # a SQLite file of its own
         if args.database == "postgres":
             server = databases.enter_context(running_postgres())
             url = asyncio.run(server.create_database("lego_hotpath"))
         proxy = ready.proxy(args.variant, database_url=url)
         keys = [proxy.new_session() for _ in range(args.concurrency)]
-        asyncio.run(load(proxy, keys, 2.0))  # warm caches and connections
+        asyncio.run(load(proxy, keys, 2.0, max_tokens))  # warm caches and connections
         raw = ready.root / "py-spy.txt"
         command = [spy, "record", "--pid", str(proxy.process.pid), "--rate", str(args.rate)]
         command += ["--duration", str(args.seconds), "--format", "raw", "--output", str(raw)]
@@ -137,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         record = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(0.5)  # py-spy attaches before the load starts
         cpu = cpu_seconds(proxy.process.pid)
-        turns = asyncio.run(load(proxy, keys, args.seconds))
+        turns = asyncio.run(load(proxy, keys, args.seconds, max_tokens))
         cpu = cpu_seconds(proxy.process.pid) - cpu
         _, errors = record.communicate(timeout=args.seconds + 60)
         if record.returncode != 0 or not raw.exists():
@@ -182,6 +195,7 @@ def main() -> None:
     parser.add_argument(
         "--native", action="store_true", help="C frames too (SQLite, uvloop, the tokenizer)"
     )
+    add_engine_arguments(parser)
     raise SystemExit(run(parser.parse_args()))
 
 

@@ -22,8 +22,15 @@ against its parent in the same rounds. ``--stream``: the harness asks for its an
 SSE and reads it to the end (the direct path streams either way). Each concurrent client
 is one harness: its own session and its own keep-alive connection.
 
+The engine answers at once with a short fixed reply, in one chunk: the cost of a turn
+around its generation. What a real generation adds (SGLang streams a chunk per decode
+step) is measured with ``--reply-tokens N --token-ms MS``: an N-token reply whose tokens
+come MS apart, a chunk each; ``--incremental-streaming`` makes those chunks deltas instead
+of SGLang's default cumulative chunks (``--incremental-streaming-output``).
+
     python -m bench.overhead [--requests 600] [--concurrency 1 16 64] [--variants default ...]
         [--baseline DIR] [--database sqlite|postgres] [--stream]
+        [--reply-tokens N --token-ms MS [--incremental-streaming]]
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +70,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "workers-4": (("--workers", "4"), {}),
 }
 BASELINE = "baseline"  # the default variant, from the checkout --baseline names
+REPLY_TOKENS = 16  # max_new_tokens of every turn unless --reply-tokens says otherwise
 FSYNC_SAMPLES = 50  # per round
 
 
@@ -197,9 +205,10 @@ def start_proxy(
 
 
 def start_engine(
-    root: Path, model: Path, env: dict[str, str]
+    root: Path, model: Path, env: dict[str, str], engine_args: Sequence[str] = ()
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """The zero-compute engine in its own process, and its URL."""
+    """The zero-compute engine in its own process (``engine_args`` added to its command
+    line), and its URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     engine = start_server(
@@ -211,6 +220,7 @@ def start_engine(
             str(port),
             "--zero-compute",
             "--enable-return-routed-experts",
+            *engine_args,
         ),
         env,
         f"{url}/health",
@@ -242,11 +252,11 @@ class Stack:
 
 
 @contextmanager
-def stack(prefix: str) -> Iterator[Stack]:
+def stack(prefix: str, engine_args: Sequence[str] = ()) -> Iterator[Stack]:
     root = Path(tempfile.mkdtemp(prefix=prefix))
     model = ensure_tiny_model(default_model_dir(root))
     env = {**os.environ, "LEGO_DATA_DIR": str(root)}
-    engine, engine_url = start_engine(root, model, env)
+    engine, engine_url = start_engine(root, model, env, engine_args)
     processes = [engine]
     try:
         yield Stack(root, model, env, engine, engine_url, processes)
@@ -256,7 +266,7 @@ def stack(prefix: str) -> Iterator[Stack]:
             process.wait(timeout=30)
 
 
-def generate_body(model: Path) -> dict[str, object]:
+def generate_body(model: Path, max_new_tokens: int = REPLY_TOKENS) -> dict[str, object]:
     """The engine request the proxy sends for the bench's turn: the direct path's body."""
     from transformers import AutoTokenizer
 
@@ -265,7 +275,7 @@ def generate_body(model: Path) -> dict[str, object]:
     return {
         "input_ids": tokenizer.encode(prompt, add_special_tokens=False),
         "sampling_params": {
-            "max_new_tokens": 16,
+            "max_new_tokens": max_new_tokens,
             "skip_special_tokens": False,
             "no_stop_trim": True,
             "spaces_between_special_tokens": False,
@@ -291,7 +301,8 @@ def direct_call(engine_url: str, body: dict[str, object]) -> Call:
 
 def run(args: argparse.Namespace) -> None:
     # The databases outlive the proxies (stopped first, by ``stack``).
-    with ExitStack() as databases, stack("lego-bench-") as ready:
+    max_tokens = args.reply_tokens or REPLY_TOKENS
+    with ExitStack() as databases, stack("lego-bench-", engine_arguments(args)) as ready:
         names = ([BASELINE] if args.baseline is not None else []) + list(args.variants)
         urls: list[str | None] = [None] * len(names)  # None: a SQLite file of its own
         if args.database == "postgres":
@@ -301,10 +312,10 @@ def run(args: argparse.Namespace) -> None:
             ready.proxy(name, args.baseline if name == BASELINE else None, url)
             for name, url in zip(names, urls, strict=True)
         ]
-        chat_body = {"model": "bench", "messages": MESSAGES, "max_tokens": 16}
+        chat_body = {"model": "bench", "messages": MESSAGES, "max_tokens": max_tokens}
         if args.stream:
             chat_body["stream"] = True
-        body = generate_body(ready.model)
+        body = generate_body(ready.model, max_tokens)
         asyncio.run(
             compare(args, ready.engine, ready.engine_url, proxies, chat_body, body, ready.root)
         )
@@ -428,8 +439,44 @@ def main() -> None:
         action="store_true",
         help="the harness streams its turns (SSE), as Claude Code, Codex and OpenCode do",
     )
+    add_engine_arguments(parser)
     add_baseline_argument(parser, "its default variant")
     run(parser.parse_args())
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The zero-compute engine's reply: its length, its pace, its chunks' kind."""
+    parser.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=None,
+        help="the engine's reply, in tokens (default: its short fixed reply, 'OK.')",
+    )
+    parser.add_argument(
+        "--token-ms",
+        type=float,
+        default=0.0,
+        help="the engine streams a chunk a token, this many ms apart, as decoding does "
+        "(default 0: the whole reply in one chunk)",
+    )
+    parser.add_argument(
+        "--incremental-streaming",
+        action="store_true",
+        help="the engine streams deltas (SGLang's --incremental-streaming-output), not the "
+        "cumulative chunks of its default",
+    )
+
+
+def engine_arguments(args: argparse.Namespace) -> list[str]:
+    """``add_engine_arguments``' values as the engine's command-line flags."""
+    flags: list[str] = []
+    if args.reply_tokens is not None:
+        flags += ["--zero-compute-reply-tokens", str(args.reply_tokens)]
+    if args.token_ms:
+        flags += ["--zero-compute-token-ms", str(args.token_ms)]
+    if args.incremental_streaming:
+        flags.append("--incremental-streaming-output")
+    return flags
 
 
 if __name__ == "__main__":

@@ -46,6 +46,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="answer every request at once with a fixed reply, no forward pass (benchmarks)",
     )
     parser.add_argument(
+        "--zero-compute-reply-tokens",
+        type=int,
+        default=None,
+        help="with --zero-compute: a reply of this many tokens (the eos included)",
+    )
+    parser.add_argument(
+        "--zero-compute-token-ms",
+        type=float,
+        default=0.0,
+        help="with --zero-compute: emit a token every this many ms, as decoding streams them "
+        "(0: the whole reply at once)",
+    )
+    parser.add_argument(
         "--incremental-streaming-output",
         action="store_true",
         help="stream only what is new in each chunk, as SGLang's flag of that name",
@@ -112,6 +125,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         port=args.port,
         script_path=args.script,
         zero_compute=args.zero_compute,
+        zero_compute_reply_tokens=args.zero_compute_reply_tokens,
+        zero_compute_token_s=args.zero_compute_token_ms / 1000,
         incremental_streaming_output=args.incremental_streaming_output,
         enable_return_routed_experts=args.enable_return_routed_experts,
         enable_deterministic_inference=args.enable_deterministic_inference,

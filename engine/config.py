@@ -13,6 +13,10 @@ class EngineConfig:
     port: int = 30000
     script_path: Path | None = None  # scripted policy (engine.script)
     zero_compute: bool = False  # fixed replies, no forward pass (overhead benchmarks)
+    # Zero compute only: the reply's length in tokens (None: the short fixed reply), and
+    # the time between two of its tokens (0: all at once; > 0: streamed a chunk a token).
+    zero_compute_reply_tokens: int | None = None
+    zero_compute_token_s: float = 0.0
     incremental_streaming_output: bool = False  # SGLang's --incremental-streaming-output
     # SGLang's --enable-return-routed-experts: without it no request gets routed experts.
     enable_return_routed_experts: bool = False

@@ -54,6 +54,7 @@ from engine.state import EngineState
 from kernel.errors import BackendError, InvalidRequest, LegoError, Unsupported
 
 ZERO_COMPUTE_REPLY = "OK."
+ZERO_COMPUTE_WORD = " ok"  # repeated, for a reply of a given length
 
 
 def _make_backend(config: EngineConfig, tokenizer: Any) -> Backend:
@@ -61,7 +62,14 @@ def _make_backend(config: EngineConfig, tokenizer: Any) -> Backend:
         from engine.zero import ZeroComputeBackend
 
         ids = tokenizer.encode(ZERO_COMPUTE_REPLY, add_special_tokens=False)
-        return ZeroComputeBackend(config.model_path, (*ids, int(tokenizer.eos_token_id)))
+        if config.zero_compute_reply_tokens is not None:
+            if config.zero_compute_reply_tokens < 1:
+                raise ValueError("zero_compute_reply_tokens must be at least 1 (the eos)")
+            word = tokenizer.encode(ZERO_COMPUTE_WORD, add_special_tokens=False)
+            ids = (word * config.zero_compute_reply_tokens)[: config.zero_compute_reply_tokens - 1]
+        return ZeroComputeBackend(
+            config.model_path, (*ids, int(tokenizer.eos_token_id)), config.zero_compute_token_s
+        )
     import torch
 
     from engine.model_runner import ModelRunner

@@ -157,3 +157,52 @@ def test_zero_compute(tiny_model_dir: Path, tok: Any) -> None:
         assert chunks[-1]["output_ids"] == reply
         bad = httpx.post(f"{url}/generate", json={"input_ids": PROMPT, "sampling_params": {"x": 1}})
         assert bad.status_code == 400
+
+
+def test_zero_compute_of_a_given_length_paced_streams_a_chunk_per_token(
+    tiny_model_dir: Path, tok: Any
+) -> None:
+    """What a decoding engine sends (SGLang: a chunk per decode step), without a forward
+    pass: so a client's cost per streamed chunk can be measured. Unpaced, the same reply
+    comes as one chunk."""
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    paced = engine_config(
+        tiny_model_dir, zero_compute=True, zero_compute_reply_tokens=12, zero_compute_token_s=0.01
+    )
+    with running_engine(paced) as url:
+        began = time.monotonic()
+        chunks = stream_chunks(url, {"input_ids": PROMPT, "return_logprob": True})
+        assert time.monotonic() - began >= 0.1  # 12 tokens, 10 ms apart
+        assert [len(c["output_ids"]) for c in chunks] == list(range(1, 13))  # cumulative
+        reply = chunks[-1]["output_ids"]
+        assert reply[-1] == eos
+        assert (" ok" * 12).startswith(tok.decode(reply[:-1]))  # one word, repeated
+        assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos}
+        cut = generate(url, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}})
+        assert cut["output_ids"] == reply[:3]
+        assert cut["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+    unpaced = engine_config(tiny_model_dir, zero_compute=True, zero_compute_reply_tokens=12)
+    with running_engine(unpaced) as url:
+        chunks = stream_chunks(url, {"input_ids": PROMPT})
+        assert [len(c["output_ids"]) for c in chunks] == [12]
+
+
+def test_a_paced_zero_compute_generation_is_aborted_in_flight(
+    tiny_model_dir: Path, tok: Any
+) -> None:
+    """In flight until its finish, it ends at SGLang's abort with what it sent so far."""
+    paced = engine_config(
+        tiny_model_dir, zero_compute=True, zero_compute_reply_tokens=200, zero_compute_token_s=0.01
+    )
+    with running_engine(paced) as url, httpx.Client(timeout=30) as client:
+        body = {"input_ids": PROMPT, "rid": "paced-1", "stream": True}
+        with client.stream("POST", f"{url}/generate", json=body) as response:
+            lines = response.iter_lines()
+            first = next(line for line in lines if line.startswith("data: {"))
+            assert json.loads(first[6:])["meta_info"]["finish_reason"] is None
+            assert client.post(f"{url}/abort_request", json={"rid": "paced-1"}).status_code == 200
+            last = [json.loads(line[6:]) for line in lines if line.startswith("data: {")][-1]
+        finish = last["meta_info"]["finish_reason"]
+        assert finish["type"] == "abort"
+        assert 1 <= len(last["output_ids"]) < 200
+        assert client.post(f"{url}/flush_cache").status_code == 200  # nothing left running
