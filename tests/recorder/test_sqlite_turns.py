@@ -303,3 +303,24 @@ def test_one_very_slow_commit_moves_writes_at_once() -> None:
     times.note(0.0006)
     times.note(0.2)  # a stalled disk: the loop must not wait on the next write too
     assert not times.on_loop
+
+
+def test_batches_of_concurrent_turns_move_writes_to_the_thread_and_single_turns_back() -> None:
+    """Several turns a batch: the loop has their work to do while a commit waits for the
+    disk. One turn a batch (a lone harness): nothing else waits, the loop writes."""
+    times = WriteTimes()
+    for _ in range(64):
+        times.note(0.0006, 1)
+    assert times.on_loop
+    times.note(0.0006, 2)  # an occasional pair leaves them on the loop
+    assert times.on_loop
+    batches = 0
+    while times.on_loop:
+        times.note(0.0006, 4)
+        batches += 1
+    assert batches <= 8
+    singles = 0
+    while not times.on_loop:
+        times.note(0.0006, 1)
+        singles += 1
+    assert 8 <= singles <= 64
