@@ -27,6 +27,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tokenizers import Tokenizer
+
 from kernel.errors import LegoError
 
 if TYPE_CHECKING:
@@ -71,6 +73,11 @@ class IncrementalDetokenizer:
         """``special``: ``special_token_ids(tokenizer, keep)`` computed once by a caller
         that makes a detokenizer per turn (it walks the tokenizer's added tokens)."""
         self._tokenizer = tokenizer
+        # A fast tokenizer's own Rust decode: what ``tokenizer.decode`` calls (with special
+        # tokens kept and no clean-up of spaces, as here), without its 2 us of Python
+        # around each call; a feed decodes twice.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend: Tokenizer | None = backend if isinstance(backend, Tokenizer) else None
         self._special = special if special is not None else special_token_ids(tokenizer, keep)
         self._ids: list[int] = []
         self._prefix = 0  # start of the left context of the next window
@@ -128,6 +135,8 @@ class IncrementalDetokenizer:
         ids = [i for i in self._ids[start:end] if i not in self._special]
         if not ids:
             return ""
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=False)
         text = self._tokenizer.decode(
             ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
         )

@@ -103,6 +103,8 @@ class CountingTokenizer:
         self.window_sizes: list[int] = []
 
     def __getattr__(self, name: str) -> Any:
+        if name == "backend_tokenizer":
+            return None  # every decode goes through ``decode``, to be counted
         return getattr(self._inner, name)
 
     def decode(self, ids: list[int], **kwargs: Any) -> Any:
@@ -177,3 +179,20 @@ def test_special_ids_given_once_serve_every_detokenizer(
     assert text == computed.feed(ids) + computed.finish()
     assert "<|im_end|>" not in text
     assert "<think>" in text
+
+
+def test_the_fast_tokenizers_own_decode_gives_what_decode_gives(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    """The detokenizer calls the Rust tokenizer directly (``backend_tokenizer``); a
+    tokenizer without one is decoded through ``decode``; both return the same pieces."""
+    ids = encode(tokenizer, " ".join(TEXTS) * 3)
+    plain = CountingTokenizer(tokenizer)
+    fast, slow = (
+        IncrementalDetokenizer(tokenizer),
+        IncrementalDetokenizer(cast("PreTrainedTokenizerBase", plain)),
+    )
+    for step in range(0, len(ids), 2):
+        assert fast.feed(ids[step : step + 2]) == slow.feed(ids[step : step + 2])
+    assert fast.finish() == slow.finish()
+    assert plain.window_sizes  # the tokenizer without a backend was decoded through decode
