@@ -47,7 +47,10 @@ over this call's output) when the server sent them. Streamed chunks are cumulati
 default and deltas when the server runs with ``--incremental-streaming-output``; SGLang's
 ``meta_info.completion_tokens`` is always the cumulative count, so a chunk whose id list is
 as long as that count is cumulative and anything shorter is a delta
-(``proxy.backend_wire``).
+(``proxy.backend_wire``). The chunks that arrive together (one read: a loaded proxy reads
+less often than tokens come) are yielded as one delta, so the output parser runs once for
+them; from a worker whose ``/server_info`` says it streams cumulative chunks only the last
+of them is parsed (the others hold nothing it does not).
 """
 
 from __future__ import annotations
@@ -423,19 +426,37 @@ class SGLangBackend:
                 raise http_error(response.status, await response.read())
             seen = 0
             framing = SseData()
+            info = self._infos.get(worker.url)
+            cumulative = info is not None and not info.incremental_streaming
             async for received in response.content.iter_any():
-                for payload in framing.feed(received):
-                    if payload == b"[DONE]":
-                        raise BackendError("backend stream ended without a finish reason")
-                    chunk = orjson.loads(payload)
-                    if "error" in chunk:
+                payloads = framing.feed(received)
+                skipped = cumulative and len(payloads) > 1
+                if skipped:
+                    payloads = _latest(payloads)
+                ids: list[int] = []
+                logprobs: list[float] = []
+                for payload in payloads:
+                    chunk = None if payload == b"[DONE]" else orjson.loads(payload)
+                    if chunk is None or "error" in chunk:
+                        if ids:  # what came before the failure is recorded with the turn
+                            yield GenerationDelta(tuple(ids), tuple(logprobs))
+                        if chunk is None:
+                            raise BackendError("backend stream ended without a finish reason")
                         raise inband_error(chunk["error"])
                     delta, seen = read_delta(chunk, seen)
-                    if delta.ids:
-                        yield delta
+                    ids += delta.ids
+                    logprobs += delta.logprobs
                     meta = chunk.get("meta_info", {})
+                    if skipped and seen != meta.get("completion_tokens", seen):
+                        raise BackendError(
+                            f"{worker.url} streams deltas though its /server_info says "
+                            "cumulative chunks: tokens were skipped",
+                            retryable=False,
+                        )
                     finish = meta.get("finish_reason")
                     if finish is not None:
+                        if ids:
+                            yield GenerationDelta(tuple(ids), tuple(logprobs))
                         end = Finish(
                             type=str(finish.get("type")),
                             matched=finish.get("matched"),
@@ -458,6 +479,8 @@ class SGLangBackend:
                             weight_version_spans=spans(meta.get("weight_versions"), seen),
                         )
                         return
+                if ids:  # the segment's chunks as one delta: one parse downstream
+                    yield GenerationDelta(tuple(ids), tuple(logprobs))
             raise BackendError("backend stream ended without a finish reason")
         except (aiohttp.ClientError, TimeoutError) as exc:
             # The worker died under us: the harness retries, and the retry must not land
@@ -505,6 +528,17 @@ class SGLangBackend:
         # A dead backend has nothing left to abort; the caller records the turn anyway.
         with contextlib.suppress(httpx.HTTPError):
             await self._client.post(f"{url}/abort_request", json={"rid": rid}, timeout=5.0)
+
+
+def _latest(payloads: list[bytes]) -> list[bytes]:
+    """Of the cumulative chunks that came together, the last one with output (each holds
+    everything before it, as SGLang itself collapses them for a slow reader) and what
+    follows it: ``[DONE]``, an error chunk. A payload that merely mentions ``"error"`` is
+    kept too, which only costs a parse."""
+    first = len(payloads) - 1
+    while first > 0 and (payloads[first] == b"[DONE]" or b'"error"' in payloads[first]):
+        first -= 1
+    return payloads[first:]
 
 
 def decode_experts(encoded: object, shape: ExpertShape | None, start: int) -> RoutedExperts | None:
