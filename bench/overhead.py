@@ -457,7 +457,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help="the engine streams a chunk a token, this many ms apart, as decoding does "
-        "(default 0: the whole reply in one chunk)",
+        "(default 0: the whole reply in one chunk; use 1 or more: its timers tick in ms)",
     )
     parser.add_argument(
         "--incremental-streaming",

@@ -56,7 +56,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help="with --zero-compute: emit a token every this many ms, as decoding streams them "
-        "(0: the whole reply at once)",
+        "(0: the whole reply at once; the event loop's timers tick in whole milliseconds, "
+        "so under 1 ms several tokens come together)",
     )
     parser.add_argument(
         "--incremental-streaming-output",
