@@ -15,12 +15,10 @@ and one-row write cost 1.1 ms of CPU on the development machine; the same statem
   context switches), the indexed status read itself 6 us. What SQLite answers "busy" (a
   write lock held by another connection or process, a WAL being recovered) goes to the
   operation's thread, which waits for the lock; so does a call from any other thread than
-  the one the first call came from (a ``sqlite3`` connection serves one thread). Writes
-  (their commit's fsync included) move to the writer thread while their mean time is
-  slow or their batches hold several turns (``WriteTimes``): a slow disk does not stall
-  the loop, concurrent turns' work goes on while a commit waits for the disk, and a lone
-  slow commit (2% of them take over 2 ms on the development machine's disk) does not send
-  the next ones through the handoff.
+  the one the first call came from (a ``sqlite3`` connection serves one thread). A write
+  whose commit (its fsync) took longer than ``INLINE_WRITE_S`` moves the next ones to the
+  writer thread, so a slow disk does not stall the loop; ``FAST_WRITES_TO_RETURN`` in a
+  row there that took no longer move them back.
 - ``write``: one transaction (``BEGIN IMMEDIATE``: the write lock first). Each row
   is inserted ``ON CONFLICT (id) DO NOTHING``, idempotent by id; then, with the lock
   held, the finished sessions are read, so a finish committed before is seen and one not
@@ -105,49 +103,13 @@ class _Thread:
 
 
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary codes, of extended ones
-# Writes (each commit's fsync included) run on the event loop while their mean time stays
-# at most INLINE_WRITE_S and their mean batch at most INLINE_BATCH_ROWS turns; on the
-# writer thread from when either is above that until both are back under half the excess.
-# Each mean weighs a write by WRITE_TIME_WEIGHT, the ones before by what is left.
-# - A slow disk must not stall the loop, and a fast one is not worth a thread handoff (0.23
-#   ms of CPU) for each write because one commit in fifty is slow.
-# - Batches of several turns mean concurrent turns: the loop has their work to do while the
-#   commit waits for the disk, and the handoff is paid once for the batch. Measured at 64
-#   concurrent harnesses, the thread was 8-10% less CPU per turn; at one, the loop was.
+# A write (its commit's fsync included) that took longer moves the next ones to the writer
+# thread, and FAST_WRITES_TO_RETURN in a row there that took no longer move them back: a
+# slow disk must not stall the event loop (a disk slow now and then stalls it at most once
+# in that many writes), a fast one is not worth a thread handoff.
 INLINE_WRITE_S = 0.002
-INLINE_BATCH_ROWS = 1.5
-WRITE_TIME_WEIGHT = 1 / 16
+FAST_WRITES_TO_RETURN = 64
 _log = logging.getLogger(__name__)
-
-
-class WriteTimes:
-    """Where the next write runs, from the time the ones before took and their size."""
-
-    def __init__(self) -> None:
-        self.mean_s = 0.0
-        self.mean_rows = 1.0
-        self.on_loop = True
-
-    def note(self, took_s: float, rows: int = 1) -> None:
-        self.mean_s += (took_s - self.mean_s) * WRITE_TIME_WEIGHT
-        self.mean_rows += (rows - self.mean_rows) * WRITE_TIME_WEIGHT
-        if self.on_loop:
-            on_loop = self.mean_s <= INLINE_WRITE_S and self.mean_rows <= INLINE_BATCH_ROWS
-        else:
-            on_loop = (
-                self.mean_s <= INLINE_WRITE_S / 2
-                and self.mean_rows <= 1 + (INLINE_BATCH_ROWS - 1) / 2
-            )
-        if on_loop != self.on_loop:
-            _log.info(
-                "SQLite writes move %s: their mean time is %.2f ms (the last one %.2f ms), "
-                "their mean batch %.1f turns",
-                "onto the event loop" if on_loop else "to their thread",
-                self.mean_s * 1000,
-                took_s * 1000,
-                self.mean_rows,
-            )
-        self.on_loop = on_loop
 
 
 class _Elsewhere(enum.Enum):
@@ -175,7 +137,8 @@ class SqliteTurns:
     def __init__(self, path: str) -> None:
         self._path = path
         self._inline: _Inline | None = None
-        self._write_times = WriteTimes()
+        self._write_on_loop = True
+        self._fast_writes = 0  # in a row on the writer thread
         self._reader = _Thread(path, "lego-sqlite-read")
         self._writer = _Thread(path, "lego-sqlite-write")
         self._columns = TurnColumns.of_table()
@@ -221,15 +184,27 @@ class SqliteTurns:
             return write(conn), time.perf_counter() - began
 
         self._check_open(action)
-        if self._write_times.on_loop:
+        if self._write_on_loop:
             began = time.perf_counter()
             done = await self._on_loop(write, action)
             if done is not _ELSEWHERE:
-                self._write_times.note(time.perf_counter() - began, len(values))
+                self._note_write(time.perf_counter() - began)
                 return done
         late, took = await self._writer.call(timed, action)
-        self._write_times.note(took, len(values))
+        self._note_write(took)
         return late
+
+    def _note_write(self, took: float) -> None:
+        fast = took <= INLINE_WRITE_S
+        self._fast_writes = self._fast_writes + 1 if fast and not self._write_on_loop else 0
+        on_loop = fast and (self._write_on_loop or self._fast_writes >= FAST_WRITES_TO_RETURN)
+        if on_loop != self._write_on_loop:
+            _log.info(
+                "SQLite writes move %s: the last commit took %.1f ms",
+                "onto the event loop" if on_loop else "to their thread",
+                took * 1000,
+            )
+        self._write_on_loop = on_loop
 
     async def _on_loop(
         self, work: Callable[[sqlite3.Connection], T], action: str

@@ -19,7 +19,7 @@ from recorder.migrate import upgrade_database
 from recorder.per_turn import OverSqlAlchemy
 from recorder.postgres_turns import PostgresTurns
 from recorder.records import SessionInfo
-from recorder.sqlite_turns import INLINE_WRITE_S, SqliteTurns, WriteTimes
+from recorder.sqlite_turns import SqliteTurns
 from recorder.store import Store
 from tests.recorder.builders import make_turn
 from tests.recorder.test_postgres_turns import assert_stored_the_same_by_both_paths
@@ -234,12 +234,12 @@ async def test_a_status_read_from_another_thread_goes_to_the_reader(tmp_path: Pa
         assert answer == ("active", None)
 
 
-async def test_writes_run_on_the_loop_until_their_mean_time_is_slow(
+async def test_writes_run_on_the_loop_until_a_commit_is_slow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A fast write needs no thread; once the writes' mean time is above INLINE_WRITE_S the
-    next ones go to the writer thread (the loop must not wait on a slow disk), and they
-    come back once it is at most half of it."""
+    """A fast commit needs no thread; a commit slower than INLINE_WRITE_S sends the next
+    writes to the writer thread (the loop must not wait on a slow disk), and
+    FAST_WRITES_TO_RETURN fast ones in a row there bring them back."""
     url = sqlite_url(tmp_path)
     await upgrade_database(url)
     store = await Store.open(url)
@@ -265,62 +265,10 @@ async def test_writes_run_on_the_loop_until_their_mean_time_is_slow(
         assert await write_while_the_threads_are_held(1)  # on the loop, found slow
         assert not await write_while_the_threads_are_held(2)  # so on the thread
         monkeypatch.setattr("recorder.sqlite_turns.INLINE_WRITE_S", 60.0)
-        assert not await write_while_the_threads_are_held(3)  # on the thread, found fast
-        assert await write_while_the_threads_are_held(4)  # so on the loop again
-        assert [t.seq for t in await store.list_turns(session.id)] == [0, 1, 2, 3, 4]
+        monkeypatch.setattr("recorder.sqlite_turns.FAST_WRITES_TO_RETURN", 2)
+        assert not await write_while_the_threads_are_held(3)  # on the thread, fast once
+        assert not await write_while_the_threads_are_held(4)  # fast twice in a row
+        assert await write_while_the_threads_are_held(5)  # so on the loop again
+        assert [t.seq for t in await store.list_turns(session.id)] == [0, 1, 2, 3, 4, 5]
     finally:
         await store.close()
-
-
-def test_a_lone_slow_commit_leaves_writes_on_the_loop() -> None:
-    """A disk that is slow now and then (one commit in forty taking 5 ms, as this machine's
-    does) keeps writes on the loop: each of them would otherwise pay a thread handoff."""
-    times = WriteTimes()
-    for n in range(400):
-        times.note(0.005 if n % 40 == 39 else 0.0006)
-        assert times.on_loop
-
-
-def test_a_slow_disk_moves_writes_to_the_thread_and_a_fast_one_brings_them_back() -> None:
-    times = WriteTimes()
-    for _ in range(64):
-        times.note(0.0006)
-    slow = 0
-    while times.on_loop:  # a disk whose every commit takes 5 ms
-        times.note(0.005)
-        slow += 1
-    assert 4 <= slow <= 16  # a few slow writes stall the loop, not every one
-    fast = 0
-    while not times.on_loop:
-        times.note(0.0006)
-        fast += 1
-    assert fast >= 8  # back only once the mean is well below the limit, not on one fast write
-    assert times.mean_s <= INLINE_WRITE_S / 2
-
-
-def test_one_very_slow_commit_moves_writes_at_once() -> None:
-    times = WriteTimes()
-    times.note(0.0006)
-    times.note(0.2)  # a stalled disk: the loop must not wait on the next write too
-    assert not times.on_loop
-
-
-def test_batches_of_concurrent_turns_move_writes_to_the_thread_and_single_turns_back() -> None:
-    """Several turns a batch: the loop has their work to do while a commit waits for the
-    disk. One turn a batch (a lone harness): nothing else waits, the loop writes."""
-    times = WriteTimes()
-    for _ in range(64):
-        times.note(0.0006, 1)
-    assert times.on_loop
-    times.note(0.0006, 2)  # an occasional pair leaves them on the loop
-    assert times.on_loop
-    batches = 0
-    while times.on_loop:
-        times.note(0.0006, 4)
-        batches += 1
-    assert batches <= 8
-    singles = 0
-    while not times.on_loop:
-        times.note(0.0006, 1)
-        singles += 1
-    assert 8 <= singles <= 64
