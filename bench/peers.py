@@ -59,6 +59,7 @@ from bench.overhead import (
     generate_body,
     measure,
     percentile,
+    rotated,
     stack,
 )
 from kernel.process import ServerDidNotStart, python_module, start_server
@@ -257,10 +258,10 @@ async def compare(
         runs: dict[str, list[Measured]] = {
             name: [] for name in [*direct, *(s.name for s in systems)]
         }
-        for _ in range(args.rounds):  # interleaved: machine noise hits every system alike
+        for round_ in range(args.rounds):  # interleaved: machine noise hits every system alike
             for name, (pid, call) in direct.items():
                 runs[name].append(await measure(call, per_round, concurrency, pid))
-            for system in systems:
+            for system in rotated(systems, round_):
                 runs[system.name].append(
                     await measure(system.call, per_round, concurrency, system.pid)
                 )

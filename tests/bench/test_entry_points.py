@@ -37,3 +37,14 @@ def test_starts(name: str, way: str) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
+
+
+def test_each_round_starts_with_the_next_system() -> None:
+    """No proxy is always measured right after another (which leaves it its deferred work)."""
+    from bench.overhead import rotated
+
+    systems = ["a", "b", "c"]
+    firsts = [rotated(systems, r)[0] for r in range(6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"]
+    assert all(sorted(rotated(systems, r)) == systems for r in range(6))
+    assert rotated([], 3) == []
