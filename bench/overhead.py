@@ -102,9 +102,10 @@ class Measured:
 
 def rotated(items: Sequence[T], round_: int) -> list[T]:
     """``items`` in the order round ``round_`` measures them: each round starts with the
-    next one. A proxy measured right after another pays for that one's deferred work (its
-    last commits' fsyncs, a WAL checkpoint): with the same code in both slots, the second
-    showed a p99 of 135 ms against 39 at c=16 when the order was fixed."""
+    next one, so none is always measured right after another (whose deferred work, its
+    last commits' fsyncs or a WAL checkpoint, it would share the disk with). Use an even
+    number of rounds for two proxies. Even so, the p99 at c=16 of the same code measured
+    twice swung between 57 and 141 ms in one run: compare tails over several runs."""
     shift = round_ % len(items) if items else 0
     return [*items[shift:], *items[:shift]]
 
