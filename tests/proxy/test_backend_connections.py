@@ -102,6 +102,7 @@ class _TailedBackend:
         self.tail_after_s = tail_after_s
         self.accepted = 0
         self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> str:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -111,9 +112,18 @@ class _TailedBackend:
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.close()
+        # Closing the server leaves its connection handlers running (one may be holding
+        # a tail back for an hour): end them, so no task outlives the test.
+        for handler in self._handlers:
+            handler.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
         try:
             while head := await reader.readuntil(b"\r\n\r\n"):
                 length = next(
