@@ -15,7 +15,9 @@ sending headers, so errors that come quickly (a backend refusing the prompt) sti
 HTTP status. If the model is slower, the stream starts and the adapter's ``stream_ping``
 frame is sent at once and then whenever ``PING_INTERVAL_S`` pass without an event. A
 harness that hangs up, streaming or not, cancels its turn at once (``EventStream`` and the
-unstreamed collection watch the connection while they wait on the model).
+unstreamed collection watch the connection while they wait on the model). One task reads a
+streamed turn's events ahead (``proxy.routes.event_pump``), and the frames of everything it
+buffered go out in one write: no task, waiter or timer per token.
 
 Dispatch: ``TurnRoutes`` is the one table of the turn routes (path, adapter, resolver). The
 FastAPI router registers them (OpenAPI, and every request the app does not dispatch
@@ -33,7 +35,6 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -46,6 +47,7 @@ from proxy.adapters.openai_responses import OpenAIResponsesAdapter
 from proxy.canonical import AssistantTurn, ChatRequest, OutputEvent, collect
 from proxy.openapi import json_body
 from proxy.pipeline import PreparedTurn
+from proxy.routes.event_pump import EventPump, Events
 from proxy.routes.responses_state import resolve_previous_response
 from proxy.state import AppState
 from recorder.records import SessionInfo
@@ -58,7 +60,6 @@ PING_INTERVAL_S = 5.0
 
 # Route-layer IO that completes a parsed request (e.g. ``previous_response_id``).
 Resolver = Callable[[AppState, SessionInfo, ChatRequest], Awaitable[ChatRequest]]
-Events = AsyncGenerator[OutputEvent, None]
 Frames = AsyncGenerator[bytes, None]
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 SESSION_PREFIX = "/s/"  # ``/s/{key}/...``: the session key in the path
@@ -149,11 +150,16 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, frames: Callable[[asyncio.Future[None]], Frames]) -> None:
+    def __init__(
+        self,
+        frames: Callable[[asyncio.Future[None]], Frames],
+        abandon: Callable[[], Awaitable[None]],
+    ) -> None:
         self.status_code = 200
         self.background = None
         self.init_headers(SSE_HEADERS)
         self._frames = frames
+        self._abandon = abandon
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(_wait_disconnect(receive))
@@ -166,22 +172,9 @@ class EventStream(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             gone.cancel()
-
-
-async def _next(events: Events) -> OutputEvent | None:
-    """The next event, or None at the end (a task cannot end in ``StopAsyncIteration``)."""
-    try:
-        return await anext(events)
-    except StopAsyncIteration:
-        return None
-
-
-async def _cancel(task: asyncio.Task[OutputEvent | None], events: Events) -> None:
-    if not task.done():
-        # Cancelling the pipeline mid-step aborts the backend and records the turn.
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    await events.aclose()
+            # The frames end their turn themselves; this ends one whose frames never
+            # started (the response's start failed to send). A no-op after the frames.
+            await self._abandon()
 
 
 def internal_error(exc: BaseException) -> LegoError:
@@ -219,16 +212,16 @@ async def handle_turn(
         prepared = await state.pipeline.prepare(session, chat)
         events = state.pipeline.run(prepared)
         if chat.stream:
-            first = asyncio.get_running_loop().create_task(_next(events))
+            pump = EventPump(events)
             try:
-                await asyncio.wait({first}, timeout=FIRST_EVENT_WAIT_S)
-                if first.done():
-                    first.result()  # an early error gets a real HTTP status
+                await pump.wait(FIRST_EVENT_WAIT_S)
+                if pump.ended:
+                    pump.finish()  # an early error gets a real HTTP status
             except BaseException:
-                await _cancel(first, events)
+                await pump.cancel()
                 raise
             metrics.child(metrics.requests, adapter=adapter.name, status="200").inc()
-            return EventStream(lambda gone: _frames(adapter, prepared, first, events, gone))
+            return EventStream(lambda gone: _frames(adapter, prepared, pump, gone), pump.cancel)
         turn = await _collect_unless_disconnected(request.receive, events)
         if turn is None:
             metrics.child(metrics.requests, adapter=adapter.name, status="499").inc()
@@ -265,11 +258,7 @@ async def _collect_unless_disconnected(receive: Receive, events: Events) -> Assi
 
 
 async def _frames(
-    adapter: Adapter,
-    turn: PreparedTurn,
-    pending: asyncio.Task[OutputEvent | None],
-    events: Events,
-    gone: asyncio.Future[None],
+    adapter: Adapter, turn: PreparedTurn, pump: EventPump, gone: asyncio.Future[None]
 ) -> Frames:
     stream = StreamState(
         response_id=turn.turn_id,
@@ -278,31 +267,31 @@ async def _frames(
         include_usage=turn.request.include_usage,
         prompt_tokens=len(turn.prompt_ids),
     )
+    pump.watch(gone)
     # Frames are sent together until the stream has to wait for the model: one write (one
     # TCP segment, one wake-up of the harness) per burst instead of one per frame.
     out: list[bytes] = list(adapter.stream_start(stream))
     try:
-        waited = not pending.done()  # the first event is already over FIRST_EVENT_WAIT_S late
+        waited = not pump.ready  # the first event is already over FIRST_EVENT_WAIT_S late
         while True:
-            while not pending.done():
+            while not pump.ready:
                 if waited:
                     out.extend(adapter.stream_ping(stream))
                 if out:
                     yield b"".join(out)
                     out.clear()
                 waited = True
-                waiting: set[asyncio.Future[Any]] = {pending, gone}
-                await asyncio.wait(
-                    waiting, timeout=PING_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
-                )
+                await pump.wait(PING_INTERVAL_S)
                 if gone.done():
                     return  # the harness hung up: ``finally`` cancels the turn
-            event = pending.result()
-            if event is None:
+            events = pump.take()
+            for event in events:
+                out.extend(adapter.stream_event(stream, event))
+            if events:
+                waited = False
+            if pump.ended:
+                pump.finish()  # what ended the turn, after every event before it
                 break
-            out.extend(adapter.stream_event(stream, event))
-            waited = False
-            pending = asyncio.get_running_loop().create_task(_next(events))
         out.extend(adapter.stream_end(stream))
     except LegoError as exc:
         out.extend(adapter.stream_error(stream, exc))
@@ -311,7 +300,7 @@ async def _frames(
         log.exception("unexpected error in a %s stream", adapter.name)
         out.extend(adapter.stream_error(stream, internal_error(exc)))
     finally:
-        await _cancel(pending, events)
+        await pump.cancel()
     yield b"".join(out)
 
 
