@@ -443,9 +443,7 @@ class SGLangBackend:
                         if chunk is None:
                             raise BackendError("backend stream ended without a finish reason")
                         raise inband_error(chunk["error"])
-                    delta, seen = read_delta(chunk, seen)
-                    ids += delta.ids
-                    logprobs += delta.logprobs
+                    seen = read_delta(chunk, seen, ids, logprobs)
                     meta = chunk.get("meta_info", {})
                     if skipped and seen != meta.get("completion_tokens", seen):
                         raise BackendError(

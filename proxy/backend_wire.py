@@ -2,9 +2,10 @@
 
 Owns the pure functions ``SGLangBackend`` reads a stream with (no IO):
 
-- ``read_delta(chunk, seen)``: the ids and logprobs a chunk adds, in either streaming mode. A
-  chunk whose ``output_ids`` are as long as ``meta_info.completion_tokens`` (always
-  cumulative) is cumulative, anything shorter a delta. Ids and logprobs come from
+- ``read_delta(chunk, seen, ids, logprobs)``: appends the ids and logprobs a chunk adds, in
+  either streaming mode, in one pass (no tuple or object per chunk). A chunk whose
+  ``output_ids`` are as long as ``meta_info.completion_tokens`` (always cumulative) is
+  cumulative, anything shorter a delta. Ids and logprobs come from
   ``meta_info.output_token_logprobs`` (``[logprob, id, null]``), cross-checked against
   ``output_ids``.
 - ``spans(raw, output_len)``: ``meta_info.weight_versions`` as ``(version, start, end)``,
@@ -54,7 +55,9 @@ class SseData:
         return payloads
 
 
-def read_delta(chunk: dict[str, object], seen: int) -> tuple[GenerationDelta, int]:
+def read_delta(chunk: dict[str, object], seen: int, ids: list[int], logprobs: list[float]) -> int:
+    """Append the ids and logprobs ``chunk`` adds to ``ids`` and ``logprobs`` (nothing if it
+    is refused) and return how many the stream has sent with it (``seen`` before it)."""
     meta = chunk.get("meta_info")
     if not isinstance(meta, dict):
         raise BackendError("backend chunk without meta_info", retryable=False)
@@ -63,19 +66,23 @@ def read_delta(chunk: dict[str, object], seen: int) -> tuple[GenerationDelta, in
     if not isinstance(triples, list) or not isinstance(output_ids, list):
         raise BackendError("backend chunk with malformed output", retryable=False)
     total = int(meta.get("completion_tokens", len(output_ids)))
-    cumulative = len(output_ids) == total
-    new_ids = output_ids[seen:] if cumulative else output_ids
-    new_triples = triples[seen:] if len(triples) == total else triples
+    # Slices only where a cumulative chunk repeats what was seen (a copy per chunk else).
+    new_ids = output_ids[seen:] if seen and len(output_ids) == total else output_ids
+    new_triples = triples[seen:] if seen and len(triples) == total else triples
     if len(new_triples) != len(new_ids):
         raise BackendError(
             f"backend returned {len(new_ids)} ids but {len(new_triples)} logprobs",
             retryable=False,
         )
-    ids = tuple(int(i) for i in new_ids)
-    if any(int(t[1]) != i for t, i in zip(new_triples, ids, strict=True)):
-        raise BackendError("backend logprob ids disagree with output_ids", retryable=False)
-    logprobs = tuple(float(t[0]) for t in new_triples)
-    return GenerationDelta(ids, logprobs), seen + len(ids)
+    before = len(ids)
+    for triple, raw in zip(new_triples, new_ids, strict=True):
+        token = int(raw)
+        if int(triple[1]) != token:
+            del ids[before:], logprobs[before:]
+            raise BackendError("backend logprob ids disagree with output_ids", retryable=False)
+        ids.append(token)
+        logprobs.append(float(triple[0]))
+    return seen + len(new_ids)
 
 
 def spans(raw: object, output_len: int) -> tuple[tuple[str, int, int], ...]:
