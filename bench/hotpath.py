@@ -13,10 +13,12 @@ without them it says so and exits 2. ``docs/performance.md`` says how to read th
 where SQLAlchemy's async engine runs (greenlets).
 
     python -m bench.hotpath [--concurrency 16] [--seconds 10] [--variant default] [--raw FILE]
-        [--database sqlite|postgres] [--reply-tokens N --token-ms MS [--incremental-streaming]]
+        [--database sqlite|postgres] [--stream]
+        [--reply-tokens N --token-ms MS [--incremental-streaming]]
 
-``--reply-tokens``/``--token-ms`` (``bench.overhead``'s) profile long streamed generations:
-what each chunk of a decoding engine's stream costs.
+``--reply-tokens``/``--token-ms`` (``bench.overhead``'s) profile long generations: what each
+chunk of a decoding engine's stream costs; with ``--stream`` (``bench.overhead``'s too) the
+harness streams them on, a frame per chunk.
 """
 
 from __future__ import annotations
@@ -104,9 +106,14 @@ def summarise(raw: str) -> tuple[collections.Counter[str], collections.Counter[s
     return layers, leaves, total
 
 
-async def load(proxy: Proxy, keys: list[str], seconds: float, max_tokens: int) -> int:
-    """Closed-loop turns for ``seconds``, one client (connection, session) per key."""
-    body = {"model": "bench", "messages": MESSAGES, "max_tokens": max_tokens}
+async def load(
+    proxy: Proxy, keys: list[str], seconds: float, max_tokens: int, stream: bool = False
+) -> int:
+    """Closed-loop turns for ``seconds``, one client (connection, session) per key; with
+    ``stream`` each turn is asked for as SSE and read to its end, as most harnesses do."""
+    body: dict[str, object] = {"model": "bench", "messages": MESSAGES, "max_tokens": max_tokens}
+    if stream:
+        body["stream"] = True
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     done = 0
     stop = time.monotonic() + seconds
@@ -116,10 +123,11 @@ async def load(proxy: Proxy, keys: list[str], seconds: float, max_tokens: int) -
         headers = {"authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(timeout=60, limits=limits) as client:
             while time.monotonic() < stop:
-                response = await client.post(
-                    f"{proxy.url}/v1/chat/completions", json=body, headers=headers
-                )
-                response.raise_for_status()
+                url = f"{proxy.url}/v1/chat/completions"
+                async with client.stream("POST", url, json=body, headers=headers) as response:
+                    response.raise_for_status()
+                    async for _ in response.aiter_raw():
+                        pass
                 done += 1
 
     await asyncio.gather(*(client_loop(key) for key in keys))
@@ -139,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             url = asyncio.run(server.create_database("lego_hotpath"))
         proxy = ready.proxy(args.variant, database_url=url)
         keys = [proxy.new_session() for _ in range(args.concurrency)]
-        asyncio.run(load(proxy, keys, 2.0, max_tokens))  # warm caches and connections
+        asyncio.run(load(proxy, keys, 2.0, max_tokens, args.stream))  # warm caches and connections
         raw = ready.root / "py-spy.txt"
         command = [spy, "record", "--pid", str(proxy.process.pid), "--rate", str(args.rate)]
         command += ["--duration", str(args.seconds), "--format", "raw", "--output", str(raw)]
@@ -150,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         record = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(0.5)  # py-spy attaches before the load starts
         cpu = cpu_seconds(proxy.process.pid)
-        turns = asyncio.run(load(proxy, keys, args.seconds, max_tokens))
+        turns = asyncio.run(load(proxy, keys, args.seconds, max_tokens, args.stream))
         cpu = cpu_seconds(proxy.process.pid) - cpu
         _, errors = record.communicate(timeout=args.seconds + 60)
         if record.returncode != 0 or not raw.exists():
@@ -189,6 +197,11 @@ def main() -> None:
         help="postgres: a database on a scratch cluster (LEGO_TEST_POSTGRES_URL or a throwaway)",
     )
     parser.add_argument("--raw", default=None, help="also keep py-spy's raw stacks here")
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="the harness streams its turns (SSE), as Claude Code, Codex and OpenCode do",
+    )
     parser.add_argument(
         "--gil", action="store_true", help="only samples holding the GIL (Python's own work)"
     )
