@@ -21,11 +21,13 @@ session, per concurrent client) with the same two-message chat turn:
   session id).
 
 Per system: the added p50 against its own baseline, throughput as a ratio of its baseline's,
-and the proxy process's CPU per request. A peer that is not installed is skipped with the
+and the proxy process's CPU per request. ``--baseline DIR`` (a checkout of another commit,
+``git worktree add DIR <commit>``) adds that commit's lego-proxy, once per database, to the
+same rounds: a before and after next to the peers. A peer that is not installed is skipped with the
 reason; the run goes on with the rest.
 
     python -m bench.peers [--requests 300] [--concurrency 1 16] [--litellm PATH]
-        [--slime PATH [--slime-python PYTHON]] [--database sqlite postgres]
+        [--slime PATH [--slime-python PYTHON]] [--database sqlite postgres] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from bench.overhead import (
     Call,
     Measured,
     Stack,
+    add_baseline_argument,
     direct_call,
     generate_body,
     measure,
@@ -137,11 +140,18 @@ def run(args: argparse.Namespace) -> None:
             if database == "postgres":
                 server = databases.enter_context(running_postgres())
                 url = asyncio.run(server.create_database("lego_peers"))
-            proxy = ready.proxy("default", database_url=url)
-            keys = [proxy.new_session() for _ in range(max(args.concurrency))]
-            lego = _chat(proxy.url, "bench", keys)
             name = "lego-proxy" if len(args.database) == 1 else f"lego-proxy, {database}"
-            systems.append(System(name, proxy.process.pid, lego, "sglang engine"))
+            checkouts: list[tuple[str, Path | None, str | None]] = [(name, None, url)]
+            if args.baseline is not None:
+                base_url = None
+                if database == "postgres":
+                    base_url = asyncio.run(server.create_database("lego_peers_baseline"))
+                checkouts.append((f"{name} (baseline)", args.baseline, base_url))
+            for label, checkout, database_url in checkouts:
+                proxy = ready.proxy("default", checkout, database_url)
+                keys = [proxy.new_session() for _ in range(max(args.concurrency))]
+                lego = _chat(proxy.url, "bench", keys)
+                systems.append(System(label, proxy.process.pid, lego, "sglang engine"))
         litellm = litellm_command(args)
         if litellm is None:
             print("LiteLLM: skipped (no `litellm` command; pip install 'litellm[proxy]')")
@@ -306,6 +316,7 @@ def main() -> None:
         default=["sqlite"],
         help="lego-proxy once per database given, in the same rounds",
     )
+    add_baseline_argument(parser, "its lego-proxy, once per database,")
     parser.add_argument("--serve-openai", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_openai is not None:
