@@ -1,0 +1,162 @@
+"""``LEGO_UNSTREAMED_CHUNK_TOKENS``: a turn the harness does not stream asks the backend for a
+chunk every N tokens (SGLang's ``sampling_params.stream_interval``), so the proxy reads N
+times fewer chunks, and records exactly what it records from a chunk a token. Through a
+recording tap in front of a paced zero-compute engine (a chunk per decode step, as SGLang
+streams) and SGLang's own request types."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.config import EngineConfig
+from engine.loopback import running_engine
+from kernel.threaded import serve
+from tests.proxy.conftest import Proxy, running_proxy
+from tests.support.sglang_types import sglang_checks
+from tests.support.tap import BackendTap
+
+REPLY_TOKENS = 48
+CHUNK_TOKENS = 16
+TTFT = "lego_time_to_first_token_seconds_count"
+
+
+@contextmanager
+def tapped_engine(model: Path, token_s: float) -> Iterator[BackendTap]:
+    config = EngineConfig(
+        model_path=model,
+        zero_compute=True,
+        zero_compute_reply_tokens=REPLY_TOKENS,
+        zero_compute_token_s=token_s,
+        enable_return_routed_experts=True,
+    )
+    with running_engine(config) as engine:
+        tap = BackendTap(upstream=engine)
+        with serve(tap.app()) as url:
+            tap.url = url
+            yield tap
+
+
+@pytest.fixture(scope="module")
+def paced_tap(tiny_model_dir: Path) -> Iterator[BackendTap]:
+    with tapped_engine(tiny_model_dir, 0.002) as tap:
+        yield tap
+
+
+def ttft_count(proxy: Proxy) -> float:
+    text = httpx.get(f"{proxy.url}/metrics").raise_for_status().text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == TTFT
+    )
+
+
+def answer(proxy: Proxy, stream: bool) -> tuple[str, dict[str, Any]]:
+    """One turn in a new session: the harness's text and the session's trajectory."""
+    session = proxy.new_session()
+    client = openai.OpenAI(base_url=session["openai_base_url"], api_key="k", max_retries=0)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    if stream:
+        chunks = client.chat.completions.create(model="m", messages=messages, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        reply = client.chat.completions.create(model="m", messages=messages)
+        text = reply.choices[0].message.content or ""
+    return text, proxy.trajectory(session["id"])
+
+
+def test_an_unstreamed_turn_reads_a_chunk_every_n_tokens_and_records_the_same(
+    paced_tap: BackendTap, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    with running_proxy(
+        paced_tap.url, tiny_model_dir, tmp_path, None, unstreamed_chunk_tokens=CHUNK_TOKENS
+    ) as proxy:
+        paced_tap.reset()
+        before = ttft_count(proxy)
+        streamed_text, streamed = answer(proxy, stream=True)
+        (per_token,) = paced_tap.generates
+        assert ttft_count(proxy) == before + 1
+        paced_tap.reset()
+        text, unstreamed = answer(proxy, stream=False)
+        (chunked,) = paced_tap.generates
+        # Its first chunk comes N tokens in: that time is not the first token's.
+        assert ttft_count(proxy) == before + 1
+
+    assert "stream_interval" not in per_token.body["sampling_params"]
+    assert chunked.body["sampling_params"]["stream_interval"] == CHUNK_TOKENS
+    contract_error, sampling_params = sglang_checks()  # SGLang's own: it takes the key
+    assert contract_error(chunked.body) is None
+    assert sampling_params(**chunked.body["sampling_params"]).stream_interval == CHUNK_TOKENS
+    # The paced engine sends a chunk per decode step unless told otherwise.
+    assert len(per_token.chunks) > REPLY_TOKENS // 2
+    assert len(chunked.chunks) == REPLY_TOKENS // CHUNK_TOKENS
+    assert text == streamed_text
+    assert text.startswith(" ok ok")
+    (segment,) = unstreamed["segments"]
+    (reference,) = streamed["segments"]
+    for array in ("tokens", "loss_mask", "logprobs", "routed_experts"):
+        assert segment[array] == reference[array], array
+    assert sum(segment["loss_mask"]) == REPLY_TOKENS
+
+
+def test_the_default_leaves_the_backends_interval(
+    paced_tap: BackendTap, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    with running_proxy(paced_tap.url, tiny_model_dir, tmp_path, None) as proxy:
+        paced_tap.reset()
+        before = ttft_count(proxy)
+        answer(proxy, stream=False)
+        (exchange,) = paced_tap.generates
+        assert ttft_count(proxy) == before + 1
+    assert "stream_interval" not in exchange.body["sampling_params"]
+    assert len(exchange.chunks) > REPLY_TOKENS // 2
+
+
+def test_a_pause_mid_chunk_resumes_with_every_token_sampled(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A pause-abort ends the call with a last chunk holding every token sampled since the
+    chunk before: the resumption continues from all of them, and the record is whole."""
+    with (
+        tapped_engine(tiny_model_dir, 0.01) as slow,
+        running_proxy(
+            slow.url, tiny_model_dir, tmp_path, None, unstreamed_chunk_tokens=CHUNK_TOKENS
+        ) as proxy,
+    ):
+        result: dict[str, Any] = {}
+
+        def unstreamed() -> None:
+            result["text"], result["trajectory"] = answer(proxy, stream=False)
+
+        turn = threading.Thread(target=unstreamed)
+        turn.start()
+        deadline = time.monotonic() + 30
+        while not (slow.generates and slow.generates[0].chunks):  # the first 16 tokens
+            assert time.monotonic() < deadline, "no chunk came"
+            time.sleep(0.005)
+        httpx.post(f"{slow.upstream}/pause_generation", json={"mode": "abort"}).raise_for_status()
+        httpx.post(f"{slow.upstream}/continue_generation", json={}).raise_for_status()
+        turn.join(timeout=60)
+    first, resumed = slow.generates
+    paused_at = len(first.final["output_ids"])
+    assert first.final["meta_info"]["finish_reason"]["type"] == "abort"
+    assert CHUNK_TOKENS <= paused_at < REPLY_TOKENS  # past the first chunk, before the end
+    assert resumed.body["rid"].endswith("-r1")
+    assert resumed.body["input_ids"][-paused_at:] == first.final["output_ids"]
+    (segment,) = result["trajectory"]["segments"]
+    # The zero-compute engine starts its fixed reply again on the resumed call: the record
+    # is what both calls sampled, in order, the tokens past the last full chunk included.
+    sampled = first.final["output_ids"] + resumed.final["output_ids"]
+    assert segment["tokens"] == first.body["input_ids"] + sampled
+    assert sum(segment["loss_mask"]) == len(sampled)
