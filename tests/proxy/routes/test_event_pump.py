@@ -47,6 +47,17 @@ async def bursts(
         log.append("closed")
 
 
+async def stalls(gate: asyncio.Event, log: list[str]) -> AsyncGenerator[OutputEvent, None]:
+    """One event, then a model that never answers; notes where it was cancelled."""
+    yield TextDelta("first")
+    try:
+        await gate.wait()
+    except asyncio.CancelledError:
+        log.append("cancelled")
+        raise
+    yield TextDelta("never")
+
+
 async def drain(pump: EventPump) -> list[str]:
     texts: list[str] = []
     while not pump.ended:
@@ -86,16 +97,7 @@ async def test_cancel_reaches_the_turn_where_it_waits_and_closes_it() -> None:
     log: list[str] = []
     gate = asyncio.Event()
 
-    async def stalls() -> AsyncGenerator[OutputEvent, None]:
-        yield TextDelta("first")
-        try:
-            await gate.wait()  # the model never answers
-        except asyncio.CancelledError:
-            log.append("cancelled")
-            raise
-        yield TextDelta("never")
-
-    pump = EventPump(stalls())
+    pump = EventPump(stalls(gate, log))
     await pump.wait(5.0)
     assert [e.text for e in pump.take() if isinstance(e, TextDelta)] == ["first"]
     await pump.cancel()
@@ -131,15 +133,6 @@ async def test_a_stream_whose_start_fails_to_send_still_ends_its_turn() -> None:
     log: list[str] = []
     gate = asyncio.Event()
 
-    async def stalls() -> AsyncGenerator[OutputEvent, None]:
-        yield TextDelta("first")
-        try:
-            await gate.wait()  # the model never answers
-        except asyncio.CancelledError:
-            log.append("cancelled")
-            raise
-        yield TextDelta("never")
-
     async def frames(gone: asyncio.Future[None]) -> AsyncGenerator[bytes, None]:
         yield b"never sent"
 
@@ -150,7 +143,7 @@ async def test_a_stream_whose_start_fails_to_send_still_ends_its_turn() -> None:
     async def send(message: Any) -> None:
         raise OSError("the connection is gone")
 
-    pump = EventPump(stalls())
+    pump = EventPump(stalls(gate, log))
     await pump.wait(5.0)
     stream = EventStream(frames, pump.cancel)
     with pytest.raises(OSError, match="gone"):
