@@ -12,7 +12,10 @@ Semantics the routes rely on:
 - ``wait`` returns when something is buffered, the turn has ended, the harness hung up
   (``watch``), or the ping interval passed, whichever comes first;
 - ``cancel`` cancels the turn where it waits (the pipeline aborts the backend and records
-  the turn, exactly as cancelling its ``anext`` did) and closes the generator.
+  the turn, exactly as cancelling its ``anext`` did) and closes the generator;
+- it reads at most ``MAX_AHEAD`` events ahead of ``take``: a harness that stops reading
+  holds the turn there (the pull per event held it at one), so the buffer stays bounded and
+  the backend's stream is slowed by TCP rather than drained into memory.
 """
 
 from __future__ import annotations
@@ -24,15 +27,20 @@ from typing import Any
 from proxy.canonical import OutputEvent
 
 Events = AsyncGenerator[OutputEvent, None]
+# Events read ahead of the stream at most: a harness that stops reading stops the turn's
+# reading of the backend within this many events (a token each, mostly).
+MAX_AHEAD = 256
 
 
 class EventPump:
     """The events of one turn, read ahead by a single task."""
 
-    def __init__(self, events: Events) -> None:
+    def __init__(self, events: Events, ahead: int = MAX_AHEAD) -> None:
         self._events = events
+        self._ahead = ahead
         self._buffer: list[OutputEvent] = []
         self._waiter: asyncio.Future[None] | None = None
+        self._room: asyncio.Future[None] | None = None
         self._gone: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._pump(), name="turn-events")
@@ -43,6 +51,15 @@ class EventPump:
                 self._buffer.append(event)
                 if self._waiter is not None:
                     self._wake()
+                if len(self._buffer) >= self._ahead:
+                    # The harness reads slower than the model writes: stop reading the
+                    # backend until it catches up (TCP then slows the backend), as a pull
+                    # per event did, instead of holding the rest of the answer here.
+                    self._room = self._loop.create_future()
+                    try:
+                        await self._room
+                    finally:
+                        self._room = None
         finally:
             self._wake()
 
@@ -81,6 +98,9 @@ class EventPump:
     def take(self) -> list[OutputEvent]:
         """Every buffered event, oldest first, and an empty buffer."""
         events, self._buffer = self._buffer, []
+        room = self._room
+        if room is not None and not room.done():
+            room.set_result(None)
         return events
 
     def finish(self) -> None:

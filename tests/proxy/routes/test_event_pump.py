@@ -105,6 +105,36 @@ async def test_cancel_reaches_the_turn_where_it_waits_and_closes_it() -> None:
     assert pump.ended
 
 
+async def test_a_reader_that_stops_taking_stops_the_turn_within_the_bound() -> None:
+    """A harness that stops reading holds the turn's reading of the backend: the pump
+    buffers at most ``ahead`` events, then resumes when they are taken."""
+    produced = 0
+    log: list[str] = []
+
+    async def fast() -> AsyncGenerator[OutputEvent, None]:
+        nonlocal produced
+        try:
+            for i in range(1000):
+                if i % 10 == 0:
+                    await asyncio.sleep(0)  # a backend read now and then
+                produced += 1
+                yield TextDelta(str(i))
+        finally:
+            log.append("closed")
+
+    pump = EventPump(fast(), ahead=32)
+    for _ in range(200):
+        await asyncio.sleep(0)
+    assert produced == 32
+    assert len(pump.take()) == 32
+    for _ in range(200):
+        await asyncio.sleep(0)
+    assert produced == 64
+    await pump.cancel()  # held at the bound: the turn is closed where it yielded
+    assert log == ["closed"]
+    assert produced == 64
+
+
 async def test_a_wait_ends_at_its_limit_or_when_the_harness_hangs_up() -> None:
     gate = asyncio.Event()
 
