@@ -70,7 +70,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "no-journal": ((), {"LEGO_JOURNAL": "false"}),
     "workers-2": (("--workers", "2"), {}),
     "workers-4": (("--workers", "4"), {}),
-    # An unstreamed harness turn read a chunk every 16 tokens (without --stream).
+    # Unstreamed harness turns read a chunk every 16 tokens (run it without --stream).
     "chunks-16": ((), {"LEGO_UNSTREAMED_CHUNK_TOKENS": "16"}),
 }
 BASELINE = "baseline"  # the default variant, from the checkout --baseline names

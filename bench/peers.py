@@ -23,8 +23,8 @@ session, per concurrent client) with the same two-message chat turn:
 Per system: the added p50 against its own baseline, throughput as a ratio of its baseline's,
 and the proxy process's CPU per request. ``--baseline DIR`` (a checkout of another commit,
 ``git worktree add DIR <commit>``) adds that commit's lego-proxy, once per database, to the
-same rounds: a before and after next to the peers. A peer that is not installed is skipped with the
-reason; the run goes on with the rest.
+same rounds: a before and after next to the peers. A peer that is not installed is skipped
+with the reason; the run goes on with the rest.
 
     python -m bench.peers [--requests 300] [--concurrency 1 16] [--litellm PATH]
         [--slime PATH [--slime-python PYTHON]] [--database sqlite postgres] [--baseline DIR]

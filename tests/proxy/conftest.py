@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from openai.types.chat import ChatCompletionFunctionToolParam
+from starlette.types import ASGIApp
 
 from engine.config import EngineConfig
 from engine.loopback import running_engine
@@ -126,9 +127,16 @@ class Proxy:
 
 @contextmanager
 def running_proxy(
-    backend_url: str, model_dir: Path, data_dir: Path, database_url: str | None, **overrides: Any
+    backend_url: str,
+    model_dir: Path,
+    data_dir: Path,
+    database_url: str | None,
+    *,
+    wrap: Callable[[ASGIApp], ASGIApp] | None = None,
+    **overrides: Any,
 ) -> Iterator[Proxy]:
-    """A proxy on a free loopback port in front of ``backend_url``, with an admin client."""
+    """A proxy on a free loopback port in front of ``backend_url``, with an admin client;
+    ``wrap`` puts an ASGI layer of the test's around the app (to watch its loop)."""
     port = free_port()
     settings = Settings(
         **{
@@ -144,7 +152,7 @@ def running_proxy(
         }
     )
     with (
-        serve(create_app(settings), port=port) as url,
+        serve((wrap or (lambda app: app))(create_app(settings)), port=port) as url,
         httpx.Client(
             base_url=url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=60
         ) as admin,

@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -73,7 +74,10 @@ def test_turns_through_the_proxy_open_no_connection_each(
     engine_port: int, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     with TcpRelay(engine_port) as relay:
-        settings = {"return_routed_experts": False, "backend_health_interval_s": 3600.0}
+        settings: dict[str, Any] = {
+            "return_routed_experts": False,
+            "backend_health_interval_s": 3600.0,
+        }
         with running_proxy(relay.url, tiny_model_dir, tmp_path, None, **settings) as proxy:
             before = relay.accepted  # start-up: server_info and the first probe
             session = proxy.new_session()

@@ -64,7 +64,12 @@ def test_explicit_arguments_win_over_env(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("LEGO_PORT", "eighty"), ("LEGO_TOOL_PARSER", "hermes"), ("LEGO_CONTEXT_LENGTH", "1.5")],
+    [
+        ("LEGO_PORT", "eighty"),
+        ("LEGO_TOOL_PARSER", "hermes"),
+        ("LEGO_CONTEXT_LENGTH", "1.5"),
+        ("LEGO_UNSTREAMED_CHUNK_TOKENS", "0"),
+    ],
 )
 def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv(name, value)

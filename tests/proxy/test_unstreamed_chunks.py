@@ -18,9 +18,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.config import EngineConfig
 from engine.loopback import running_engine
 from kernel.threaded import serve
+from tests.engine.helpers import engine_config
 from tests.proxy.conftest import Proxy, running_proxy
 from tests.support.sglang_types import sglang_checks
 from tests.support.tap import BackendTap
@@ -32,14 +32,13 @@ TTFT = "lego_time_to_first_token_seconds_count"
 
 @contextmanager
 def tapped_engine(model: Path, token_s: float) -> Iterator[BackendTap]:
-    config = EngineConfig(
-        model_path=model,
+    paced = engine_config(
+        model,
         zero_compute=True,
         zero_compute_reply_tokens=REPLY_TOKENS,
         zero_compute_token_s=token_s,
-        enable_return_routed_experts=True,
     )
-    with running_engine(config) as engine:
+    with running_engine(paced) as engine:
         tap = BackendTap(upstream=engine)
         with serve(tap.app()) as url:
             tap.url = url

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -45,7 +46,7 @@ def test_excluded_workers_get_no_turns_on_any_replica(
 ) -> None:
     listed = ",".join(tap.url for tap in workers)
     database = f"sqlite+aiosqlite:///{tmp_path / 'shared.sqlite3'}"
-    settings = {"return_routed_experts": False, "pause_sync_s": 0.05}
+    settings: dict[str, Any] = {"return_routed_experts": False, "pause_sync_s": 0.05}
     with (
         running_proxy(listed, tiny_model_dir, tmp_path / "a", database, **settings) as first,
         running_proxy(listed, tiny_model_dir, tmp_path / "b", database, **settings) as second,

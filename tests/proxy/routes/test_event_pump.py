@@ -10,21 +10,17 @@ from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.config import EngineConfig
 from engine.loopback import running_engine
 from kernel.errors import BackendError
-from kernel.threaded import free_port, serve
-from proxy.app import create_app
 from proxy.canonical import OutputEvent, TextDelta
 from proxy.routes.event_pump import EventPump
 from proxy.routes.inference import EventStream
-from proxy.settings import Settings
-from tests.proxy.conftest import ADMIN_KEY
+from tests.engine.helpers import engine_config
+from tests.proxy.conftest import running_proxy
 
 REPLY_TOKENS = 48
 
@@ -182,12 +178,16 @@ async def test_a_stream_whose_start_fails_to_send_still_ends_its_turn() -> None:
 
 
 class CountTasks:
-    """An ASGI wrapper that counts every task created on the server's loop."""
+    """An ASGI layer (``around`` an app) that counts every task created on its loop."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self) -> None:
+        self.app: ASGIApp | None = None
         self.created = 0
         self._installed = False
+
+    def around(self, app: ASGIApp) -> ASGIApp:
+        self.app = app
+        return self
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._installed:
@@ -204,45 +204,29 @@ class CountTasks:
                 return asyncio.Task(coro, loop=loop, **kwargs)
 
             loop.set_task_factory(factory)
+        assert self.app is not None
         await self.app(scope, receive, send)
 
 
 @pytest.fixture(scope="module")
 def paced_engine(tiny_model_dir: Path) -> Iterator[str]:
-    config = EngineConfig(
-        model_path=tiny_model_dir,
+    paced = engine_config(
+        tiny_model_dir,
         zero_compute=True,
         zero_compute_reply_tokens=REPLY_TOKENS,
         zero_compute_token_s=0.002,
-        enable_return_routed_experts=True,
     )
-    with running_engine(config) as url:
+    with running_engine(paced) as url:
         yield url
 
 
 def test_a_streamed_turn_makes_no_task_per_token(
     paced_engine: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    settings = Settings(
-        port=free_port(),
-        data_dir=tmp_path,
-        backend_url=paced_engine,
-        tokenizer_path=tiny_model_dir,
-        admin_key=ADMIN_KEY,
-    )
-    app = CountTasks(create_app(settings))
-    with (
-        serve(app, port=settings.port) as url,
-        httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin,
-    ):
-        run = admin.post("/api/v1/runs", json={"name": "pump"}).raise_for_status().json()
-        body = {"task_id": "t", "group_id": "g", "sample_index": 0, "harness": "pytest"}
-        session = admin.post(f"/api/v1/runs/{run['id']}/sessions", json=body)
-        client = openai.OpenAI(
-            base_url=session.raise_for_status().json()["openai_base_url"],
-            api_key="k",
-            max_retries=0,
-        )
+    app = CountTasks()
+    with running_proxy(paced_engine, tiny_model_dir, tmp_path, None, wrap=app.around) as proxy:
+        session = proxy.new_session()
+        client = openai.OpenAI(base_url=session["openai_base_url"], api_key="k", max_retries=0)
 
         def turn(max_tokens: int) -> tuple[int, int, int]:
             """(tasks created, content chunks the harness got, completion tokens)."""
