@@ -323,6 +323,7 @@ async def _stream(
 async def _frames(state: EngineState, run: _Run, started: float) -> AsyncIterator[bytes]:
     interval = run.job.params.stream_interval
     output = run.output
+    sent = 0  # tokens in the last chunk sent
     while True:
         event = await run.queue.get()
         # Collapse whatever else is already queued into one chunk: chunks are cumulative
@@ -340,7 +341,8 @@ async def _frames(state: EngineState, run: _Run, started: float) -> AsyncIterato
             error = {"message": end.message, "type": "InternalServerError"}
             yield _sse({"error": {**error, "code": 500, "retryable": False}})
             return
-        if end is not None or len(output.ids) % interval == 0:
+        if end is not None or _chunk_due(len(output.ids), sent, interval):
+            sent = len(output.ids)
             yield _sse(
                 output.body(
                     end,
@@ -350,6 +352,15 @@ async def _frames(state: EngineState, run: _Run, started: float) -> AsyncIterato
             )
         if end is not None:
             return
+
+
+def _chunk_due(tokens: int, sent: int, interval: int) -> bool:
+    """Whether an unfinished request's chunk goes out now, by SGLang 0.5.23's rule
+    (``OutputStreamer.accept``, ``managers/scheduler_components/output_streamer.py``): every
+    step at an interval of 1; otherwise the first token at once, then whenever at least
+    ``interval`` tokens are unsent. (The finish always goes out.)"""
+    unsent = tokens - sent
+    return interval == 1 or unsent >= interval or (sent == 0 and unsent > 0)
 
 
 def _register_errors(app: FastAPI) -> None:

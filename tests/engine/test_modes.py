@@ -187,6 +187,36 @@ def test_zero_compute_of_a_given_length_paced_streams_a_chunk_per_token(
         assert [len(c["output_ids"]) for c in chunks] == [12]
 
 
+@pytest.mark.parametrize(
+    ("interval", "sizes"),
+    [
+        (1, list(range(1, 21))),
+        # The first token at once, then every 8 unsent, then the finish.
+        (8, [1, 9, 17, 20]),
+        (5, [1, 6, 11, 16, 20]),
+        (32, [1, 20]),
+    ],
+)
+def test_a_stream_interval_sends_the_first_token_at_once_then_every_n(
+    tiny_model_dir: Path, interval: int, sizes: list[int]
+) -> None:
+    """``sampling_params.stream_interval`` as SGLang 0.5.23 sends it (``OutputStreamer.accept``
+    in ``managers/scheduler_components/output_streamer.py``): not on multiples of N, but the
+    first token at once, then whenever N tokens are unsent. The proxy's time to first token
+    of a chunked turn rests on that first chunk."""
+    paced = engine_config(
+        tiny_model_dir, zero_compute=True, zero_compute_reply_tokens=20, zero_compute_token_s=0.01
+    )
+    with running_engine(paced) as url:
+        body = {"input_ids": PROMPT, "sampling_params": {"stream_interval": interval}}
+        chunks = stream_chunks(url, body)
+    assert [len(c["output_ids"]) for c in chunks] == sizes
+    assert [c["meta_info"]["finish_reason"] is None for c in chunks[:-1]] == [True] * (
+        len(sizes) - 1
+    )
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "stop"
+
+
 def test_a_paced_zero_compute_generation_is_aborted_in_flight(
     tiny_model_dir: Path, tok: Any
 ) -> None:
