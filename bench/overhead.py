@@ -70,8 +70,8 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "no-journal": ((), {"LEGO_JOURNAL": "false"}),
     "workers-2": (("--workers", "2"), {}),
     "workers-4": (("--workers", "4"), {}),
-    # Unstreamed harness turns read a chunk every 16 tokens (run it without --stream).
-    "chunks-16": ((), {"LEGO_UNSTREAMED_CHUNK_TOKENS": "16"}),
+    # Unstreamed harness turns read a chunk a token, not every 16 (run it without --stream).
+    "chunks-1": ((), {"LEGO_UNSTREAMED_CHUNK_TOKENS": "1"}),
 }
 BASELINE = "baseline"  # the default variant, from the checkout --baseline names
 REPLY_TOKENS = 16  # max_new_tokens of every turn unless --reply-tokens says otherwise

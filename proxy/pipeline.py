@@ -193,7 +193,9 @@ class Pipeline:
         )
         chunk_tokens = self._settings.unstreamed_chunk_tokens
         if not request.stream and chunk_tokens > 1:
-            # Nobody watches this answer token by token: fewer, larger chunks to read.
+            # Nobody watches this answer token by token: fewer, larger chunks to read. SGLang
+            # still sends the first token at once (its time to first token is kept) and every
+            # token sampled before a pause-abort in the abort's chunk.
             sampling["stream_interval"] = chunk_tokens
         tail = str(self._tokenizer.decode(list(prompt[-4:]), skip_special_tokens=False))
         return PreparedTurn(
@@ -260,15 +262,13 @@ class Pipeline:
             special_ids=self._special_ids,
         )
         progress = _Progress()
-        # A chunk every N tokens: the first chunk's time is not the first token's.
-        times_first_token = "stream_interval" not in turn.sampling_params
         status = TurnStatus.FAILED
         error: str | None = None
         recorded = False
         try:
             async for delta in self._generate(turn, progress):
                 events = parser.feed(delta.ids)
-                if events and times_first_token and progress.first_token_s is None:
+                if events and progress.first_token_s is None:
                     progress.first_token_s = time.perf_counter() - turn.started
                 for event in events:
                     progress.message.add(event)

@@ -100,11 +100,12 @@ class Settings(BaseSettings):
         default=8, description="transparent re-sends of a generation after a pause-abort"
     )
     unstreamed_chunk_tokens: int = Field(
-        default=1,
+        default=16,
         ge=1,
         description="N > 1: a turn the harness does not stream asks SGLang for a chunk every "
-        "N tokens (sampling_params.stream_interval): N times fewer chunks for the proxy to "
-        "read, no time to first token for those turns; 1 leaves SGLang's --stream-interval",
+        "N tokens (sampling_params.stream_interval; SGLang sends the first token at once): "
+        "N times fewer chunks for the proxy to read, the same record; 1 leaves SGLang's "
+        "--stream-interval",
     )
     # False mimics templates that drop earlier reasoning at each new user query: the branch
     # then splits per turn; the recorded prompt ids are what the model saw.

@@ -1,8 +1,9 @@
-"""``LEGO_UNSTREAMED_CHUNK_TOKENS``: a turn the harness does not stream asks the backend for a
-chunk every N tokens (SGLang's ``sampling_params.stream_interval``), so the proxy reads N
-times fewer chunks, and records exactly what it records from a chunk a token. Through a
-recording tap in front of a paced zero-compute engine (a chunk per decode step, as SGLang
-streams) and SGLang's own request types."""
+"""``LEGO_UNSTREAMED_CHUNK_TOKENS`` (16 by default): a turn the harness does not stream asks
+the backend for a chunk every N tokens (SGLang's ``sampling_params.stream_interval``; SGLang
+0.5.23 sends the first token at once, then a chunk whenever N tokens are unsent), so the
+proxy reads N times fewer chunks, times the first token as before, and records exactly what
+it records from a chunk a token. Through a recording tap in front of a paced zero-compute
+engine (a chunk per decode step, as SGLang streams) and SGLang's own request types."""
 
 from __future__ import annotations
 
@@ -89,8 +90,8 @@ def test_an_unstreamed_turn_reads_a_chunk_every_n_tokens_and_records_the_same(
         paced_tap.reset()
         text, unstreamed = answer(proxy, stream=False)
         (chunked,) = paced_tap.generates
-        # Its first chunk comes N tokens in: that time is not the first token's.
-        assert ttft_count(proxy) == before + 1
+        # Its first chunk is its first token: the time to first token is kept.
+        assert ttft_count(proxy) == before + 2
 
     assert "stream_interval" not in per_token.body["sampling_params"]
     assert chunked.body["sampling_params"]["stream_interval"] == CHUNK_TOKENS
@@ -99,7 +100,8 @@ def test_an_unstreamed_turn_reads_a_chunk_every_n_tokens_and_records_the_same(
     assert sampling_params(**chunked.body["sampling_params"]).stream_interval == CHUNK_TOKENS
     # The paced engine sends a chunk per decode step unless told otherwise.
     assert len(per_token.chunks) > REPLY_TOKENS // 2
-    assert len(chunked.chunks) == REPLY_TOKENS // CHUNK_TOKENS
+    # The first token, then 16 more twice, then the last 15 with the finish.
+    assert [len(chunk["output_ids"]) for chunk in chunked.chunks] == [1, 17, 33, 48]
     assert text == streamed_text
     assert text.startswith(" ok ok")
     (segment,) = unstreamed["segments"]
@@ -109,17 +111,25 @@ def test_an_unstreamed_turn_reads_a_chunk_every_n_tokens_and_records_the_same(
     assert sum(segment["loss_mask"]) == REPLY_TOKENS
 
 
-def test_the_default_leaves_the_backends_interval(
+def test_unstreamed_turns_are_chunked_by_default_and_one_restores_a_chunk_a_token(
     paced_tap: BackendTap, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     with running_proxy(paced_tap.url, tiny_model_dir, tmp_path, None) as proxy:
         paced_tap.reset()
+        answer(proxy, stream=False)
+        (default,) = paced_tap.generates
+    with running_proxy(
+        paced_tap.url, tiny_model_dir, tmp_path / "one", None, unstreamed_chunk_tokens=1
+    ) as proxy:
+        paced_tap.reset()
         before = ttft_count(proxy)
         answer(proxy, stream=False)
-        (exchange,) = paced_tap.generates
+        (per_token,) = paced_tap.generates
         assert ttft_count(proxy) == before + 1
-    assert "stream_interval" not in exchange.body["sampling_params"]
-    assert len(exchange.chunks) > REPLY_TOKENS // 2
+    assert default.body["sampling_params"]["stream_interval"] == 16
+    assert len(default.chunks) == 4
+    assert "stream_interval" not in per_token.body["sampling_params"]
+    assert len(per_token.chunks) > REPLY_TOKENS // 2
 
 
 def test_a_pause_mid_chunk_resumes_with_every_token_sampled(
@@ -141,7 +151,8 @@ def test_a_pause_mid_chunk_resumes_with_every_token_sampled(
         turn = threading.Thread(target=unstreamed)
         turn.start()
         deadline = time.monotonic() + 30
-        while not (slow.generates and slow.generates[0].chunks):  # the first 16 tokens
+        # The first token, then the first full chunk (17 tokens in all).
+        while not (slow.generates and len(slow.generates[0].chunks) >= 2):
             assert time.monotonic() < deadline, "no chunk came"
             time.sleep(0.005)
         httpx.post(f"{slow.upstream}/pause_generation", json={"mode": "abort"}).raise_for_status()
@@ -150,7 +161,7 @@ def test_a_pause_mid_chunk_resumes_with_every_token_sampled(
     first, resumed = slow.generates
     paused_at = len(first.final["output_ids"])
     assert first.final["meta_info"]["finish_reason"]["type"] == "abort"
-    assert CHUNK_TOKENS <= paused_at < REPLY_TOKENS  # past the first chunk, before the end
+    assert CHUNK_TOKENS < paused_at < REPLY_TOKENS  # past the first full chunk, not the end
     assert resumed.body["rid"].endswith("-r1")
     assert resumed.body["input_ids"][-paused_at:] == first.final["output_ids"]
     (segment,) = result["trajectory"]["segments"]
