@@ -26,8 +26,14 @@ and the proxy process's CPU per request. ``--baseline DIR`` (a checkout of anoth
 same rounds: a before and after next to the peers. A peer that is not installed is skipped
 with the reason; the run goes on with the rest.
 
+``--reply-tokens N --token-ms MS [--incremental-streaming]`` (``bench.overhead``'s) shape the
+engine's replies as a decoding model's: then lego-proxy reads a harness's unstreamed turn in
+chunks (``LEGO_UNSTREAMED_CHUNK_TOKENS``) and slime's adapter in one body, and LiteLLM, whose
+endpoint does not decode, is skipped.
+
     python -m bench.peers [--requests 300] [--concurrency 1 16] [--litellm PATH]
         [--slime PATH [--slime-python PYTHON]] [--database sqlite postgres] [--baseline DIR]
+        [--reply-tokens N --token-ms MS [--incremental-streaming]]
 """
 
 from __future__ import annotations
@@ -58,7 +64,9 @@ from bench.overhead import (
     Measured,
     Stack,
     add_baseline_argument,
+    add_engine_arguments,
     direct_call,
+    engine_arguments,
     generate_body,
     measure,
     percentile,
@@ -131,8 +139,9 @@ def litellm_command(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> None:
     # The databases outlive the proxies (stopped first, by ``stack``).
-    with ExitStack() as databases, stack("lego-peers-") as ready:
-        engine_call = direct_call(ready.engine_url, generate_body(ready.model))
+    reply_tokens = args.reply_tokens or REPLY_TOKENS
+    with ExitStack() as databases, stack("lego-peers-", engine_arguments(args)) as ready:
+        engine_call = direct_call(ready.engine_url, generate_body(ready.model, reply_tokens))
         direct: dict[str, tuple[int, Call]] = {"sglang engine": (ready.engine.pid, engine_call)}
         systems: list[System] = []
         for database in args.database:
@@ -150,10 +159,13 @@ def run(args: argparse.Namespace) -> None:
             for label, checkout, database_url in checkouts:
                 proxy = ready.proxy("default", checkout, database_url)
                 keys = [proxy.new_session() for _ in range(max(args.concurrency))]
-                lego = _chat(proxy.url, "bench", keys)
+                lego = _chat(proxy.url, "bench", keys, reply_tokens)
                 systems.append(System(label, proxy.process.pid, lego, "sglang engine"))
         litellm = litellm_command(args)
-        if litellm is None:
+        if args.reply_tokens is not None or args.token_ms:
+            # Its zero-compute OpenAI endpoint answers at once, with a fixed short reply.
+            print("LiteLLM: skipped (--reply-tokens/--token-ms shape the engine's replies only)")
+        elif litellm is None:
             print("LiteLLM: skipped (no `litellm` command; pip install 'litellm[proxy]')")
         else:
             started = _start_litellm(ready, litellm, max(args.concurrency))
@@ -164,7 +176,9 @@ def run(args: argparse.Namespace) -> None:
         if args.slime is None:
             print("slime: skipped (no --slime PATH: a THUDM/slime checkout; it is not on PyPI)")
         else:
-            slime = _start_slime(ready, args.slime, args.slime_python, max(args.concurrency))
+            slime = _start_slime(
+                ready, args.slime, args.slime_python, max(args.concurrency), reply_tokens
+            )
             if slime is not None:
                 systems.append(slime)
         asyncio.run(compare(args, direct, systems))
@@ -203,7 +217,9 @@ def _start_litellm(
     )
 
 
-def _start_slime(ready: Stack, checkout: Path, python: str, clients: int) -> System | None:
+def _start_slime(
+    ready: Stack, checkout: Path, python: str, clients: int, reply_tokens: int
+) -> System | None:
     """slime's OpenAI agent adapter in front of the zero-compute engine, or None (said why)
     when it is not there or does not start."""
     adapter = checkout / "slime" / "agent" / "adapters" / "openai.py"
@@ -229,7 +245,8 @@ def _start_slime(ready: Stack, checkout: Path, python: str, clients: int) -> Sys
     if process is None:
         return None
     keys = [f"bench-{slot}" for slot in range(clients)]  # one adapter session per client
-    return System("slime adapter", process.pid, _chat(url, "bench", keys), "sglang engine")
+    call = _chat(url, "bench", keys, reply_tokens)
+    return System("slime adapter", process.pid, call, "sglang engine")
 
 
 def _start_peer(
@@ -245,8 +262,8 @@ def _start_peer(
     return process
 
 
-def _chat(url: str, model: str, keys: list[str] | None) -> Call:
-    body = {"model": model, "messages": MESSAGES, "max_tokens": REPLY_TOKENS}
+def _chat(url: str, model: str, keys: list[str] | None, max_tokens: int = REPLY_TOKENS) -> Call:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": max_tokens}
 
     async def call(client: httpx.AsyncClient, slot: int) -> None:
         key = keys[slot] if keys is not None else "bench"
@@ -317,6 +334,7 @@ def main() -> None:
         help="lego-proxy once per database given, in the same rounds",
     )
     add_baseline_argument(parser, "its lego-proxy, once per database,")
+    add_engine_arguments(parser)
     parser.add_argument("--serve-openai", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_openai is not None:
