@@ -125,6 +125,7 @@ class _Progress:
     first_token_s: float | None = None
     backend_s: float = 0.0
     spans: list[tuple[str, int, int]] = field(default_factory=list)  # per backend call
+    abandoned: bool = False  # the harness hung up; the backend was asked to abort
 
 
 class Pipeline:
@@ -154,6 +155,21 @@ class Pipeline:
         self._writer = writer
         self._metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
+        self._running: dict[str, _Progress] = {}  # turn id -> its run's progress
+
+    def abandon(self, turn_id: str) -> bool:
+        """The harness of a running turn hung up: abort the backend call in flight and let
+        the turn end as SGLang ends an aborted request, whose last chunk holds every token
+        sampled (a chunk every N tokens included), so the cancelled turn's record is whole.
+        False when the turn is not generating (not started, or past its generation): the
+        caller cancels it instead."""
+        progress = self._running.get(turn_id)
+        if progress is None or progress.abandoned:
+            return False
+        progress.abandoned = True
+        self._metrics.backend_aborts.labels(cause="client_disconnect").inc()
+        self._spawn(self._backend.abort(progress.rid or turn_id))
+        return True
 
     def forget(self, session_id: str) -> None:
         """Drop a finished session's ledger and conversations (it takes no more turns)."""
@@ -265,6 +281,7 @@ class Pipeline:
         status = TurnStatus.FAILED
         error: str | None = None
         recorded = False
+        self._running[turn.turn_id] = progress
         try:
             async for delta in self._generate(turn, progress):
                 events = parser.feed(delta.ids)
@@ -273,6 +290,11 @@ class Pipeline:
                 for event in events:
                     progress.message.add(event)
                     yield event
+            self._running.pop(turn.turn_id, None)  # past its generation: not abandoned now
+            if progress.abandoned:
+                # Nobody takes this answer: recorded cancelled (below), with all it sampled.
+                status = TurnStatus.CANCELLED
+                return
             end = progress.end
             assert end is not None  # _generate returns only after GenerationEnd
             matched = end.finish.matched if isinstance(end.finish.matched, str) else None
@@ -320,8 +342,10 @@ class Pipeline:
         except (asyncio.CancelledError, GeneratorExit):
             if not recorded:
                 status = TurnStatus.CANCELLED
-                self._metrics.backend_aborts.labels(cause="client_disconnect").inc()
-                # SGLang ignores a rid it does not hold: abort the call in flight.
+                if not progress.abandoned:
+                    self._metrics.backend_aborts.labels(cause="client_disconnect").inc()
+                # SGLang ignores a rid it does not hold: abort the call in flight (again,
+                # when an abandoned turn's abort did not end it in time).
                 self._spawn(self._backend.abort(progress.rid or turn.turn_id))
             raise
         except LegoError as exc:
@@ -333,6 +357,7 @@ class Pipeline:
             error = f"internal error: {exc!r}"
             raise
         finally:
+            self._running.pop(turn.turn_id, None)
             # Every turn that got this far is recorded, failures included, so that nothing
             # the harness saw (or failed to see) goes missing from the trajectory.
             if not recorded:
@@ -380,7 +405,7 @@ class Pipeline:
             )
             progress.spans.extend((v, first + a, first + b) for v, a, b in spans)
             remaining = max_new - len(progress.output_ids)
-            if end.finish.type != "abort" or remaining <= 0:
+            if end.finish.type != "abort" or remaining <= 0 or progress.abandoned:
                 return
             if progress.resumptions >= self._settings.max_resumptions:
                 raise BackendError(

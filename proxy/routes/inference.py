@@ -14,10 +14,12 @@ Streaming: the route waits up to ``FIRST_EVENT_WAIT_S`` for the first output eve
 sending headers, so errors that come quickly (a backend refusing the prompt) still get a real
 HTTP status. If the model is slower, the stream starts and the adapter's ``stream_ping``
 frame is sent at once and then whenever ``PING_INTERVAL_S`` pass without an event. A
-harness that hangs up, streaming or not, cancels its turn at once (``EventStream`` and the
-unstreamed collection watch the connection while they wait on the model). One task reads a
-streamed turn's events ahead (``proxy.routes.event_pump``), and the frames of everything it
-buffered go out in one write: no task, waiter or timer per token.
+harness that hangs up cancels a streamed turn at once (``EventStream`` watches the connection
+while it waits on the model). An unstreamed turn is abandoned instead: its generation is
+aborted, and the turn ends with the backend's last chunk, which holds every token sampled,
+so the cancelled turn's record is whole (``ABANDONED_TURN_WAIT_S`` bounds that wait). One
+task reads a streamed turn's events ahead (``proxy.routes.event_pump``), and the frames of
+everything it buffered go out in one write: no task, waiter or timer per token.
 
 Dispatch: ``TurnRoutes`` is the one table of the turn routes (path, adapter, resolver). The
 FastAPI router registers them (OpenAPI, and every request the app does not dispatch
@@ -57,6 +59,9 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 FIRST_EVENT_WAIT_S = 1.0
 PING_INTERVAL_S = 5.0
+# How long an unstreamed turn whose harness hung up waits for the backend to end its aborted
+# generation (SGLang: at its next step) before it is cancelled where it waits.
+ABANDONED_TURN_WAIT_S = 2.0
 
 # Route-layer IO that completes a parsed request (e.g. ``previous_response_id``).
 Resolver = Callable[[AppState, SessionInfo, ChatRequest], Awaitable[ChatRequest]]
@@ -222,7 +227,9 @@ async def handle_turn(
                 raise
             metrics.child(metrics.requests, adapter=adapter.name, status="200").inc()
             return EventStream(lambda gone: _frames(adapter, prepared, pump, gone), pump.cancel)
-        turn = await _collect_unless_disconnected(request.receive, events)
+        turn = await _collect_unless_disconnected(
+            request.receive, events, lambda: state.pipeline.abandon(prepared.turn_id)
+        )
         if turn is None:
             metrics.child(metrics.requests, adapter=adapter.name, status="499").inc()
             return Response(status_code=499)
@@ -239,7 +246,14 @@ async def handle_turn(
         return error_reply(adapter, internal_error(exc))
 
 
-async def _collect_unless_disconnected(receive: Receive, events: Events) -> AssistantTurn | None:
+async def _collect_unless_disconnected(
+    receive: Receive, events: Events, abandon: Callable[[], bool]
+) -> AssistantTurn | None:
+    """The turn's answer, or None when the harness hung up first. Then ``abandon`` aborts
+    the generation and the turn ends with everything the backend sampled (its record is
+    whole), or, when it is not generating or its backend does not end it within
+    ``ABANDONED_TURN_WAIT_S``, the turn is cancelled where it waits."""
+
     async def gather() -> list[OutputEvent]:
         return [event async for event in events]
 
@@ -251,9 +265,12 @@ async def _collect_unless_disconnected(receive: Receive, events: Events) -> Assi
         watcher.cancel()
     if work in done:
         return collect(work.result())
-    # The harness hung up: cancelling the pipeline aborts the backend and records the turn.
-    work.cancel()
-    await asyncio.gather(work, return_exceptions=True)
+    try:
+        if abandon():
+            await asyncio.wait({work}, timeout=ABANDONED_TURN_WAIT_S)
+    finally:
+        work.cancel()  # a no-op once it has ended
+        await asyncio.gather(work, return_exceptions=True)
     return None
 
 

@@ -7,12 +7,15 @@ engine (a chunk per decode step, as SGLang streams) and SGLang's own request typ
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -170,3 +173,45 @@ def test_a_pause_mid_chunk_resumes_with_every_token_sampled(
     sampled = first.final["output_ids"] + resumed.final["output_ids"]
     assert segment["tokens"] == first.body["input_ids"] + sampled
     assert sum(segment["loss_mask"]) == len(sampled)
+
+
+def test_a_harness_that_hangs_up_leaves_a_cancelled_turn_with_every_token_sampled(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The harness hangs up between chunks: the proxy aborts the generation and takes the
+    aborted request's last chunk, which holds every token sampled since the chunk before,
+    so the cancelled turn records all the model sampled, not only the chunks read."""
+    with (
+        tapped_engine(tiny_model_dir, 0.01) as slow,
+        running_proxy(
+            slow.url, tiny_model_dir, tmp_path, None, unstreamed_chunk_tokens=CHUNK_TOKENS
+        ) as proxy,
+    ):
+        session = proxy.new_session()
+        base = urlsplit(session["openai_base_url"])
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        head = (
+            f"POST {base.path}/chat/completions HTTP/1.1\r\nHost: {base.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        with socket.create_connection((base.hostname, base.port)) as harness:
+            harness.sendall(head.encode() + body.encode())
+            deadline = time.monotonic() + 30
+            while not (slow.generates and len(slow.generates[0].chunks) >= 2):  # 17 tokens
+                assert time.monotonic() < deadline, "no chunk came"
+                time.sleep(0.005)
+            time.sleep(0.05)  # about 5 more tokens sampled, not sent: the next chunk is at 33
+        # The harness is gone; the turn is recorded once its generation has ended.
+        while True:
+            turns = proxy.trajectory(session["id"])["turns"]
+            if turns or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    (turn,) = turns
+    assert turn["status"] == "cancelled"
+    assert turn["finish_reason"] == "abort"
+    assert turn["completion_tokens"] > CHUNK_TOKENS + 1  # more than the two chunks read
+    (generation,) = slow.generates
+    assert [abort["rid"] for abort in slow.aborts] == [generation.body["rid"]]
+    assert generation.final["meta_info"]["finish_reason"]["type"] == "abort"
+    assert turn["completion_tokens"] == len(generation.final["output_ids"]) < REPLY_TOKENS
