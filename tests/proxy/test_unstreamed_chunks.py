@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.loopback import running_engine
 from kernel.threaded import serve
+from proxy.routes import inference
 from tests.engine.helpers import engine_config
 from tests.proxy.conftest import Proxy, running_proxy
 from tests.support.sglang_types import sglang_checks
@@ -35,11 +36,13 @@ TTFT = "lego_time_to_first_token_seconds_count"
 
 
 @contextmanager
-def tapped_engine(model: Path, token_s: float) -> Iterator[BackendTap]:
+def tapped_engine(
+    model: Path, token_s: float, reply_tokens: int = REPLY_TOKENS
+) -> Iterator[BackendTap]:
     paced = engine_config(
         model,
         zero_compute=True,
-        zero_compute_reply_tokens=REPLY_TOKENS,
+        zero_compute_reply_tokens=reply_tokens,
         zero_compute_token_s=token_s,
     )
     with running_engine(paced) as engine:
@@ -175,6 +178,30 @@ def test_a_pause_mid_chunk_resumes_with_every_token_sampled(
     assert sum(segment["loss_mask"]) == len(sampled)
 
 
+def hang_up_after_two_chunks(proxy: Proxy, tap: BackendTap) -> list[dict[str, Any]]:
+    """An unstreamed turn whose harness hangs up 50 ms after the second chunk (17 tokens)
+    came; the session's turns once one is recorded."""
+    session = proxy.new_session()
+    base = urlsplit(session["openai_base_url"])
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    head = (
+        f"POST {base.path}/chat/completions HTTP/1.1\r\nHost: {base.netloc}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((base.hostname, base.port)) as harness:
+        harness.sendall(head.encode() + body.encode())
+        deadline = time.monotonic() + 30
+        while not (tap.generates and len(tap.generates[0].chunks) >= 2):
+            assert time.monotonic() < deadline, "no chunk came"
+            time.sleep(0.005)
+        time.sleep(0.05)  # about 5 more tokens sampled, not sent: the next chunk is at 33
+    while True:  # the harness is gone; the turn is recorded once it has ended
+        turns: list[dict[str, Any]] = proxy.trajectory(session["id"])["turns"]
+        if turns or time.monotonic() > deadline:
+            return turns
+        time.sleep(0.05)
+
+
 def test_a_harness_that_hangs_up_leaves_a_cancelled_turn_with_every_token_sampled(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -187,27 +214,7 @@ def test_a_harness_that_hangs_up_leaves_a_cancelled_turn_with_every_token_sample
             slow.url, tiny_model_dir, tmp_path, None, unstreamed_chunk_tokens=CHUNK_TOKENS
         ) as proxy,
     ):
-        session = proxy.new_session()
-        base = urlsplit(session["openai_base_url"])
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-        head = (
-            f"POST {base.path}/chat/completions HTTP/1.1\r\nHost: {base.netloc}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        with socket.create_connection((base.hostname, base.port)) as harness:
-            harness.sendall(head.encode() + body.encode())
-            deadline = time.monotonic() + 30
-            while not (slow.generates and len(slow.generates[0].chunks) >= 2):  # 17 tokens
-                assert time.monotonic() < deadline, "no chunk came"
-                time.sleep(0.005)
-            time.sleep(0.05)  # about 5 more tokens sampled, not sent: the next chunk is at 33
-        # The harness is gone; the turn is recorded once its generation has ended.
-        while True:
-            turns = proxy.trajectory(session["id"])["turns"]
-            if turns or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-    (turn,) = turns
+        (turn,) = hang_up_after_two_chunks(proxy, slow)
     assert turn["status"] == "cancelled"
     assert turn["finish_reason"] == "abort"
     assert turn["completion_tokens"] > CHUNK_TOKENS + 1  # more than the two chunks read
@@ -215,3 +222,29 @@ def test_a_harness_that_hangs_up_leaves_a_cancelled_turn_with_every_token_sample
     assert [abort["rid"] for abort in slow.aborts] == [generation.body["rid"]]
     assert generation.final["meta_info"]["finish_reason"]["type"] == "abort"
     assert turn["completion_tokens"] == len(generation.final["output_ids"]) < REPLY_TOKENS
+
+
+def test_an_abandoned_turn_whose_backend_ignores_the_abort_is_cancelled_in_time(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that never ends the aborted request holds the abandoned turn only for
+    ``ABANDONED_TURN_WAIT_S``: then it is cancelled where it waits (the abort sent again),
+    and recorded with the chunks it read."""
+    monkeypatch.setattr(inference, "ABANDONED_TURN_WAIT_S", 0.3)
+    with (
+        tapped_engine(tiny_model_dir, 0.01, reply_tokens=2000) as deaf,
+        running_proxy(
+            deaf.url, tiny_model_dir, tmp_path, None, unstreamed_chunk_tokens=CHUNK_TOKENS
+        ) as proxy,
+    ):
+        deaf.swallow_aborts = True
+        hung_up = time.monotonic()
+        (turn,) = hang_up_after_two_chunks(proxy, deaf)
+        recorded_in = time.monotonic() - hung_up
+        (generation,) = deaf.generates
+        read = len(generation.chunks[-1]["output_ids"])  # the chunks the proxy had read
+    assert turn["status"] == "cancelled"
+    assert turn["finish_reason"] == "error"  # no end came
+    assert CHUNK_TOKENS < turn["completion_tokens"] <= read < 2000
+    assert [abort["rid"] for abort in deaf.aborts] == [generation.body["rid"]] * 2
+    assert recorded_in < 10  # not the 20 s the whole reply takes

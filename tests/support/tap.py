@@ -43,6 +43,8 @@ class BackendTap:
     aborts: list[dict[str, Any]] = field(default_factory=list)
     fail_status_once: int | None = None
     drop_after_chunks_once: int | None = None
+    # True: aborts are recorded but not passed on, as a worker that never ends the request.
+    swallow_aborts: bool = False
     # False: answer /server_info with 404, as a server whose configuration cannot be read,
     # so the proxy sends what only the server itself can refuse.
     server_info: bool = True
@@ -95,6 +97,8 @@ class BackendTap:
         async def abort(request: Request) -> Response:
             body = orjson.loads(await request.body())
             self.aborts.append(body)
+            if self.swallow_aborts:
+                return Response(status_code=200)
             upstream = await client.post("/abort_request", json=body)
             return Response(upstream.content, status_code=upstream.status_code)
 
