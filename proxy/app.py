@@ -80,7 +80,7 @@ def expert_shape(model_dir: Path) -> ExpertShape | None:
 
 
 async def _sync_pauses(
-    exports: ExportStore,
+    store: Store,
     gate: RunGate,
     backend: SGLangBackend,
     settings: Settings,
@@ -90,7 +90,7 @@ async def _sync_pauses(
     backend with the workers taken out of rotation."""
     while True:
         try:
-            state = await asyncio.wait_for(exports.pause_state(), 1.0)
+            state = await asyncio.wait_for(store.pause_state(), 1.0)
             gate.sync(state.paused_runs)
             backend.exclude(state.worker_exclusions)
         except (TimeoutError, LegoError):
@@ -243,9 +243,7 @@ def create_app(settings: Settings, *, instance: str | None = None) -> ProxyApp:
             app.state.lego = state
             app.state.lego_backend = backend
             backend.start()
-            pause_sync = asyncio.create_task(
-                _sync_pauses(exports, gate, backend, settings, metrics)
-            )
+            pause_sync = asyncio.create_task(_sync_pauses(store, gate, backend, settings, metrics))
             yield
             pause_sync.cancel()
         finally:

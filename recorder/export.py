@@ -29,10 +29,8 @@ Contract:
   (posting a step again replaces it).
 - ``set_worker_exclusions(exclude, include)`` / ``worker_exclusions()``: backend workers a
   trainer took out of rotation (url -> why) after a failed weight sync to a plain worker
-  list; every replica polls them with the paused runs and routes no turn to them.
-- ``pause_state()``: the paused runs and the worker exclusions, read in one transaction
-  (what every replica polls twice a second; two transactions through the async engine
-  cost it 7 ms of CPU a second on SQLite, half of it is saved).
+  list; every replica polls them with the paused runs (``Store.pause_state``, on the
+  per-turn path) and routes no turn to them.
 
 Unknown runs and batches raise ``NotFound``; database failures ``RecorderError``.
 """
@@ -47,7 +45,6 @@ from dataclasses import dataclass
 
 from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from kernel.errors import Conflict, NotFound
@@ -69,14 +66,6 @@ from recorder.schema import (
 log = logging.getLogger(__name__)
 
 LEASED, ACKED, SKIPPED, BROKEN = "leased", "acked", "skipped", "broken"
-
-
-@dataclass(frozen=True, slots=True)
-class PauseState:
-    """What a replica polls: the runs paused, and the backend workers out of rotation."""
-
-    paused_runs: frozenset[str]
-    worker_exclusions: Mapping[str, str]  # url -> why
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,18 +152,6 @@ class ExportStore:
         async with transaction(self._engine, "list paused runs") as conn:
             result = await conn.execute(select(runs.c.id).where(runs.c.paused.is_(True)))
             return frozenset(str(row[0]) for row in result)
-
-    async def pause_state(self) -> PauseState:
-        def read(conn: Connection) -> PauseState:
-            paused = conn.execute(select(runs.c.id).where(runs.c.paused.is_(True)))
-            excluded = conn.execute(_EXCLUSIONS)
-            return PauseState(
-                paused_runs=frozenset(str(row[0]) for row in paused),
-                worker_exclusions={str(row.url): str(row.reason) for row in excluded},
-            )
-
-        async with transaction(self._engine, "read the paused runs and worker exclusions") as conn:
-            return await conn.run_sync(read)  # whole, in one greenlet
 
     # -- worker exclusions ------------------------------------------------------------
     async def set_worker_exclusions(

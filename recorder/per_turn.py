@@ -12,7 +12,11 @@ implementation of this one contract (``PerTurn``):
   completed turns stored late. The session rows are locked ``FOR SHARE`` (SQLite: the
   write lock serializes) so a concurrent finish either sees the turn or the turn sees
   the finish. Writing a turn again is a no-op.
-- ``close()``; both raise database failures as the project's errors naming ``action``
+- ``pause_state(action)``: the paused runs and the workers out of rotation, what every
+  replica polls twice a second (``PAUSE_STATE_SQL``: one statement, so one snapshot, on
+  any database). Through SQLAlchemy's async engine on SQLite that poll cost an idle proxy
+  7 ms of CPU a second.
+- ``close()``; all raise database failures as the project's errors naming ``action``
   (``recorder.database``).
 
 Each runs on its driver directly: ``recorder.postgres_turns`` (asyncpg) and
@@ -33,7 +37,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import JSON, DefaultClause, Insert, Select, Update, bindparam, select, update
+from sqlalchemy import (
+    JSON,
+    DefaultClause,
+    Insert,
+    Select,
+    Update,
+    bindparam,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -41,13 +55,19 @@ from sqlalchemy.sql.dml import ReturningInsert
 
 from recorder import rows
 from recorder.database import autocommit, transaction
-from recorder.records import SessionStatus, TurnStatus
+from recorder.records import PauseState, SessionStatus, TurnStatus
 from recorder.schema import sessions, turns
 
 LATE_ERROR = "the session was finished before this turn was recorded"
 
 Values = Sequence[dict[str, object]]  # encoded ``turns`` rows (``recorder.rows``), unique ids
 Relabels = Sequence[tuple[object, list[object]]]  # (session id, ids its turn named)
+# (kind, key, reason) rows: ('run', run id, NULL) per paused run, ('worker', url, why) per
+# excluded worker. Plain SQL that SQLite and Postgres both read the same way.
+PAUSE_STATE_SQL = (
+    "SELECT 'run', id, NULL FROM runs WHERE paused "
+    "UNION ALL SELECT 'worker', url, reason FROM worker_exclusions"
+)
 
 
 class PerTurn(Protocol):
@@ -55,7 +75,17 @@ class PerTurn(Protocol):
 
     async def write(self, values: Values, relabels: Relabels, action: str) -> set[str]: ...
 
+    async def pause_state(self, action: str) -> PauseState: ...
+
     async def close(self) -> None: ...
+
+
+def pause_state_of(found: Sequence[Sequence[Any]]) -> PauseState:
+    """``PAUSE_STATE_SQL``'s rows as the state they say."""
+    return PauseState(
+        paused_runs=frozenset(str(key) for kind, key, _ in found if kind == "run"),
+        worker_exclusions={str(key): str(why) for kind, key, why in found if kind == "worker"},
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +163,16 @@ class OverSqlAlchemy:
         async with transaction(self._engine, action) as conn:
             return await conn.run_sync(lambda sync: _write_rows(sync, statements, values, relabels))
 
+    async def pause_state(self, action: str) -> PauseState:
+        async with autocommit(self._engine, action) as conn:
+            found = await conn.run_sync(lambda sync: sync.execute(_PAUSE_STATE).all())
+        return pause_state_of(found)
+
     async def close(self) -> None:
         """The engine belongs to the store, which disposes of it."""
+
+
+_PAUSE_STATE = text(PAUSE_STATE_SQL)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ adaptation layer; on the turn's hot path that cost 1.3 ms of CPU per turn agains
 for the same work here (measured on the development machine with 250-token turns). Every
 other statement of the recorder stays on SQLAlchemy.
 
-- ``status``: one prepared ``SELECT`` on a pooled connection, outside any transaction.
+- ``status``: one prepared ``SELECT`` on a pooled connection, outside any transaction;
+  ``pause_state`` the same.
 - ``write``: ONE statement, committed by itself. A ``WITH`` clause locks the batch's
   session rows ``FOR SHARE`` (a finish running now waits for this statement, one committed
   before it is seen), the rows are inserted from ``unnest`` of one array per column (the
@@ -37,8 +38,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from kernel.errors import LegoError, RecorderUnavailable
 from recorder import rows
 from recorder.database import translated_asyncpg
-from recorder.per_turn import LATE_ERROR, Relabels, TurnColumns, Values
-from recorder.records import SessionStatus, TurnStatus
+from recorder.per_turn import (
+    LATE_ERROR,
+    PAUSE_STATE_SQL,
+    Relabels,
+    TurnColumns,
+    Values,
+    pause_state_of,
+)
+from recorder.records import PauseState, SessionStatus, TurnStatus
 from recorder.schema import turns
 
 POOL_SIZE = 10
@@ -131,6 +139,10 @@ class PostgresTurns:
     async def status(self, session_id: str, action: str) -> tuple[str, str | None] | None:
         row = await self._run(lambda conn: conn.fetchrow(self._sql.status, session_id), action)
         return None if row is None else (str(row["status"]), row["termination"])
+
+    async def pause_state(self, action: str) -> PauseState:
+        found = await self._run(lambda conn: conn.fetch(PAUSE_STATE_SQL), action)
+        return pause_state_of([tuple(row) for row in found])
 
     async def write(self, values: Values, relabels: Relabels, action: str) -> set[str]:
         arrays = self._sql.arrays(values)

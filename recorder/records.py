@@ -163,6 +163,14 @@ class TurnArrays:
 
 
 @dataclass(frozen=True, slots=True)
+class PauseState:
+    """What a replica polls: the runs paused, and the backend workers out of rotation."""
+
+    paused_runs: frozenset[str]
+    worker_exclusions: Mapping[str, str]  # url -> why
+
+
+@dataclass(frozen=True, slots=True)
 class RunInfo:
     id: str
     name: str

@@ -3,13 +3,14 @@
 
 Through SQLAlchemy (even with each transaction run whole on a thread) a turn's status read
 and one-row write cost 1.1 ms of CPU on the development machine; the same statements on
-``sqlite3`` cost 0.6 ms. Every other statement of the recorder stays on SQLAlchemy.
+``sqlite3`` cost 0.6 ms. The replica's pause-state poll is a read like the status read.
+Every other statement of the recorder stays on SQLAlchemy.
 
 - Two threads, each with its own connection to the file, opened on first use with the
   engine's pragmas (``recorder.database.sqlite_pragmas``: WAL, every commit synced, a busy
   timeout, foreign keys): the reader's status reads never wait behind a write that waits
   on the file lock (another process writing), since WAL readers take no lock.
-- Both operations run on the calling thread (the event loop) first, on a third connection
+- The operations run on the calling thread (the event loop) first, on a third connection
   that the reader thread opens and that never waits for a lock (``busy_timeout`` 0): a
   handoff to a thread and back costs 0.23 ms of CPU on the development machine (two
   context switches), the indexed status read itself 6 us. What SQLite answers "busy" (a
@@ -47,8 +48,16 @@ from typing import TypeVar
 from kernel.errors import LegoError, RecorderError
 from recorder import rows
 from recorder.database import sqlite_pragmas, translated_sqlite
-from recorder.per_turn import LATE_ERROR, Relabels, TurnColumns, Values, late_turns
-from recorder.records import SessionStatus, TurnStatus
+from recorder.per_turn import (
+    LATE_ERROR,
+    PAUSE_STATE_SQL,
+    Relabels,
+    TurnColumns,
+    Values,
+    late_turns,
+    pause_state_of,
+)
+from recorder.records import PauseState, SessionStatus, TurnStatus
 
 T = TypeVar("T")
 
@@ -155,6 +164,16 @@ class SqliteTurns:
                 "SELECT status, termination FROM sessions WHERE id = ?", (session_id,)
             ).fetchone()
             return None if found is None else (str(found[0]), found[1])
+
+        self._check_open(action)
+        done = await self._on_loop(read, action)
+        if done is not _ELSEWHERE:
+            return done
+        return await self._reader.call(read, action)
+
+    async def pause_state(self, action: str) -> PauseState:
+        def read(conn: sqlite3.Connection) -> PauseState:
+            return pause_state_of(conn.execute(PAUSE_STATE_SQL).fetchall())
 
         self._check_open(action)
         done = await self._on_loop(read, action)

@@ -59,6 +59,7 @@ from recorder.per_turn import OverSqlAlchemy, PerTurn
 from recorder.postgres_turns import PostgresTurns
 from recorder.records import (
     DefenseEvent,
+    PauseState,
     RunInfo,
     SessionInfo,
     SessionSpec,
@@ -200,6 +201,11 @@ class Store:
         if found is None or found[0] != SessionStatus.FINISHED.value:
             return None
         return str(found[1])
+
+    async def pause_state(self) -> PauseState:
+        """The paused runs and the workers out of rotation, read together: what every
+        replica polls (on the per-turn path: ``recorder.per_turn``)."""
+        return await self._per_turn.pause_state("read the paused runs and worker exclusions")
 
     async def get_session_by_key(self, key: str) -> SessionInfo | None:
         async with transaction(self._engine, "read session by key") as conn:

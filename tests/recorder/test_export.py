@@ -200,23 +200,3 @@ async def test_alignment_reports_replace_per_step(stores: tuple[Store, ExportSto
         )
     (report,) = await exports.list_alignment(run)
     assert (report.step, report.metrics["pearson_r"], report.flagged) == (3, 0.99, False)
-
-
-async def test_the_pause_state_is_the_paused_runs_and_the_exclusions_read_together(
-    stores: tuple[Store, ExportStore],
-) -> None:
-    """What every replica polls: both lists, as the single reads give them."""
-    store, exports = stores
-    paused, running = await new_run(store), await new_run(store)
-    await exports.set_paused(paused, True)
-    await exports.set_worker_exclusions({"http://w1/": "sync failed"}, [])
-    state = await exports.pause_state()
-    assert paused in state.paused_runs
-    assert running not in state.paused_runs
-    assert state.paused_runs == await exports.paused_runs()
-    assert dict(state.worker_exclusions) == {"http://w1": "sync failed"}
-    await exports.set_paused(paused, False)
-    await exports.set_worker_exclusions({}, ["http://w1"])
-    state = await exports.pause_state()
-    assert paused not in state.paused_runs
-    assert dict(state.worker_exclusions) == {}

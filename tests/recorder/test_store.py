@@ -12,8 +12,11 @@ import pytest
 from sqlalchemy import func, select
 
 from kernel.errors import Conflict, InvalidRequest, NotFound, RecorderError
+from recorder.export import ExportStore
+from recorder.per_turn import OverSqlAlchemy
 from recorder.records import (
     DefenseEvent,
+    PauseState,
     SessionInfo,
     SessionSpec,
     SessionStatus,
@@ -306,3 +309,29 @@ async def test_rows_spooled_before_side_requests_existed_still_write(store: Stor
     await store.write_rows([old])
     [got] = await store.list_turns(session.id)
     assert (got.id, got.side_requests) == (stored.id, ())
+
+
+async def test_the_pause_state_is_the_paused_runs_and_the_exclusions_read_together(
+    database_url: str, store: Store
+) -> None:
+    """What every replica polls, on the per-turn path: both lists as the export store's own
+    reads give them, and as the same statement gives them through SQLAlchemy."""
+    exports = ExportStore.open(database_url)
+    over_sqlalchemy = OverSqlAlchemy(store.engine, sqlite_dialect=database_url.startswith("sqlite"))
+    try:
+        paused = (await store.create_run("paused")).id
+        await store.create_run("running")
+        assert await store.pause_state() == PauseState(frozenset(), {})
+        await exports.set_paused(paused, True)
+        await exports.set_worker_exclusions({"http://w1/": "sync failed", "http://w2": "x"}, [])
+        state = await store.pause_state()
+        assert state.paused_runs == {paused} == await exports.paused_runs()
+        exclusions = {"http://w1": "sync failed", "http://w2": "x"}
+        assert dict(state.worker_exclusions) == exclusions == await exports.worker_exclusions()
+        assert await over_sqlalchemy.pause_state("read") == state
+        await exports.set_paused(paused, False)
+        await exports.set_worker_exclusions({}, ["http://w1", "http://w2"])
+        assert await store.pause_state() == PauseState(frozenset(), {})
+        assert await over_sqlalchemy.pause_state("read") == PauseState(frozenset(), {})
+    finally:
+        await exports.close()
