@@ -170,7 +170,7 @@ def create_app(settings: Settings, *, instance: str | None = None) -> ProxyApp:
                 timeout=httpx.Timeout(settings.backend_timeout_s, connect=5.0),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
             )
-            streams = stream_session(settings.backend_timeout_s)
+            streams = stream_session()
             store = await Store.open(settings.effective_database_url)
             exports = ExportStore.open(settings.effective_database_url)
             backend = SGLangBackend(
@@ -181,6 +181,7 @@ def create_app(settings: Settings, *, instance: str | None = None) -> ProxyApp:
                 context_length=settings.context_length,
                 require_experts=settings.return_routed_experts,
                 streams=streams,
+                read_timeout_s=settings.backend_timeout_s,
             )
             try:
                 await backend.connect()

@@ -271,7 +271,7 @@ class SGLangBackend:
 
     def _stream_session(self) -> aiohttp.ClientSession:
         if self._streams is None:
-            self._streams = stream_session(self._read_timeout_s)
+            self._streams = stream_session()
         return self._streams
 
     async def _probe_forever(self) -> None:
@@ -377,7 +377,9 @@ class SGLangBackend:
         for url in self.route(call.routing_key):
             worker = self._workers[url]
             try:
-                response = await self._send(worker, call)
+                # Until the response starts: one timer per call (the stream has its own).
+                async with asyncio.timeout(self._read_timeout_s):
+                    response = await self._send(worker, call)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # Refused, unresolvable or timed out while connecting: nothing reached this
                 # worker, so the next one may take the turn without making it two
@@ -421,6 +423,7 @@ class SGLangBackend:
         self, worker: _Worker, response: aiohttp.ClientResponse, call: GenerateCall
     ) -> AsyncIterator[GenerationDelta | GenerationEnd]:
         finished = False
+        silence = _Silence(response, self._read_timeout_s)
         try:
             if response.status != 200:
                 raise http_error(response.status, await response.read())
@@ -428,7 +431,15 @@ class SGLangBackend:
             framing = SseData()
             info = self._infos.get(worker.url)
             cumulative = info is not None and not info.incremental_streaming
-            async for received in response.content.iter_any():
+            content = response.content
+            now = asyncio.get_running_loop().time
+            while True:
+                silence.waiting = True
+                received = await content.readany()
+                silence.waiting = False
+                if not received:
+                    break
+                silence.last = now()
                 payloads = framing.feed(received)
                 skipped = cumulative and len(payloads) > 1
                 if skipped:
@@ -479,14 +490,19 @@ class SGLangBackend:
                         return
                 if ids:  # the segment's chunks as one delta: one parse downstream
                     yield GenerationDelta(tuple(ids), tuple(logprobs))
+            if silence.fired:
+                raise BackendError(silence.message(worker.url))
             raise BackendError("backend stream ended without a finish reason")
         except (aiohttp.ClientError, TimeoutError) as exc:
             # The worker died under us: the harness retries, and the retry must not land
             # on the same worker before a probe has seen it answer again.
             if len(self._workers) > 1:
                 self._mark(worker, False)
+            if silence.fired:
+                raise BackendError(silence.message(worker.url)) from exc
             raise BackendError(f"backend stream from {worker.url} broke: {exc!r}") from exc
         finally:
+            silence.stop()
             if finished:
                 response.release()  # read to its end: the connection goes back to the pool
             else:
@@ -560,18 +576,50 @@ def decode_experts(encoded: object, shape: ExpertShape | None, start: int) -> Ro
     return RoutedExperts(start=start, rows=rows)
 
 
-def stream_session(read_timeout_s: float) -> aiohttp.ClientSession:
+class _Silence:
+    """Fails a generation whose stream sends nothing for ``limit_s`` while the proxy waits
+    on it, with one timer per ``limit_s`` rather than one per read (aiohttp's ``sock_read``
+    cancels and re-arms a timer at every read). A proxy that is not reading (its harness
+    stopped reading) is not waiting: that is no silence of the backend's."""
+
+    __slots__ = ("_handle", "_limit_s", "_loop", "_response", "fired", "last", "waiting")
+
+    def __init__(self, response: aiohttp.ClientResponse, limit_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._response = response
+        self._limit_s = limit_s
+        self.last = self._loop.time()  # of the last read
+        self.waiting = False
+        self.fired = False
+        self._handle = self._loop.call_at(self.last + limit_s, self._check)
+
+    def _check(self) -> None:
+        due = self.last + self._limit_s
+        now = self._loop.time()
+        if self.waiting and now >= due:
+            self.fired = True
+            self._response.close()  # the read waiting on it fails
+            return
+        self._handle = self._loop.call_at(due if self.waiting else now + self._limit_s, self._check)
+
+    def message(self, url: str) -> str:
+        return f"the backend stream from {url} sent nothing for {self._limit_s:g} s"
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+def stream_session() -> aiohttp.ClientSession:
     """The session generations stream over: unbounded connections (one per concurrent
     generation, as SGLang serves them), kept alive between turns; a connect that takes
-    over ``CONNECT_TIMEOUT_S`` fails (the turn moves to the next worker), and so does a
-    stream that sends nothing for ``read_timeout_s``. Call from a running event loop."""
+    over ``CONNECT_TIMEOUT_S`` fails (the turn moves to the next worker). A silent stream
+    is ``SGLangBackend``'s to time out (``_Silence``): aiohttp's ``sock_read`` re-arms a
+    timer at every read. Call from a running event loop."""
     return aiohttp.ClientSession(
         # An idle connection is let go before SGLang's uvicorn closes it (its keep-alive
         # timeout is 5 s), so a turn never starts on one the server is closing.
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
-        timeout=aiohttp.ClientTimeout(
-            total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=read_timeout_s
-        ),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=None),
         # Token ids and SSE: nothing to gain from compression, only CPU to spend.
         auto_decompress=False,
         skip_auto_headers=("Accept-Encoding", "User-Agent"),

@@ -94,7 +94,9 @@ class Settings(BaseSettings):
         description="ask SGLang for routed experts (needs --enable-return-routed-experts)",
     )
     backend_timeout_s: float = Field(
-        default=1800.0, description="the longest one backend generation may take"
+        default=1800.0,
+        description="the longest a backend generation may go without sending anything (its "
+        "response's start included)",
     )
     max_resumptions: int = Field(
         default=8, description="transparent re-sends of a generation after a pause-abort"
