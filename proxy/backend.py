@@ -387,7 +387,13 @@ class SGLangBackend:
                 self._mark(worker, False)
                 failures.append(f"{url}: {exc!r}")
                 continue
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except TimeoutError as exc:
+                self._mark(worker, False)
+                raise BackendUnavailable(
+                    f"the backend at {url} did not start its answer within "
+                    f"{self._read_timeout_s:g} s"
+                ) from exc
+            except aiohttp.ClientError as exc:
                 self._mark(worker, False)
                 raise BackendUnavailable(f"backend unreachable at {url}: {exc!r}") from exc
             self._inflight[call.rid] = worker
@@ -426,6 +432,7 @@ class SGLangBackend:
         silence = _Silence(response, self._read_timeout_s)
         try:
             if response.status != 200:
+                silence.waiting = True
                 raise http_error(response.status, await response.read())
             seen = 0
             framing = SseData()

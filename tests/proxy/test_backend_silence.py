@@ -102,9 +102,10 @@ async def test_a_response_that_never_starts_fails_after_the_limit() -> None:
 
     async with scripted(mute) as url:
         began = time.monotonic()
-        with pytest.raises(BackendUnavailable):
+        with pytest.raises(BackendUnavailable) as caught:
             await generate(url)
     assert time.monotonic() - began < 5
+    assert "did not start its answer within 0.3 s" in caught.value.message
 
 
 async def test_a_slow_stream_that_keeps_sending_is_not_cut() -> None:
@@ -125,3 +126,17 @@ async def test_a_slow_stream_that_keeps_sending_is_not_cut() -> None:
         end = await generate(url)
     assert end.finish.type == "length"
     assert time.monotonic() - began > 3 * LIMIT_S
+
+
+async def test_an_error_answer_whose_body_never_ends_fails_after_the_limit() -> None:
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 100\r\n\r\n{")
+        await writer.drain()
+        await reader.read()  # until the proxy hangs up
+
+    async with scripted(stalls) as url:
+        began = time.monotonic()
+        with pytest.raises(BackendError) as caught:
+            await generate(url)
+    assert time.monotonic() - began < 5
+    assert "sent nothing for 0.3 s" in caught.value.message
