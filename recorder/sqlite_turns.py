@@ -165,16 +165,17 @@ class SqliteTurns:
             ).fetchone()
             return None if found is None else (str(found[0]), found[1])
 
-        self._check_open(action)
-        done = await self._on_loop(read, action)
-        if done is not _ELSEWHERE:
-            return done
-        return await self._reader.call(read, action)
+        return await self._read(read, action)
 
     async def pause_state(self, action: str) -> PauseState:
         def read(conn: sqlite3.Connection) -> PauseState:
             return pause_state_of(conn.execute(PAUSE_STATE_SQL).fetchall())
 
+        return await self._read(read, action)
+
+    async def _read(self, read: Callable[[sqlite3.Connection], T], action: str) -> T:
+        """``read`` on the loop's connection, or on the reader thread when SQLite answers
+        busy there (or the caller is another thread)."""
         self._check_open(action)
         done = await self._on_loop(read, action)
         if done is not _ELSEWHERE:
