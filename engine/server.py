@@ -4,7 +4,8 @@ Owns ``create_engine_app(config)`` and the ``/generate`` route (POST, PUT); the 
 routes are in ``engine.control``, the weight-broadcast routes in ``engine.distributed``. The
 lifespan loads the tokenizer and the backend (the model ``Scheduler``, or
 ``ZeroComputeBackend`` with ``zero_compute``) into ``app.state.engine``
-(``engine.state.EngineState``); nothing exists at import time.
+(``engine.state.EngineState``), then freezes what it built out of the cyclic collector's
+sight while it serves (``kernel.heap``); nothing exists at import time.
 
 A ``/generate`` runs as in SGLang 0.5.23: the schema gate (HTTP 400), then a wait while the
 server is paused, then the model-update lock's read side for the request's whole life, then
@@ -52,6 +53,7 @@ from engine.sampling import SamplingContractError, SamplingParams, parse_samplin
 from engine.script import ScriptedPolicy, split_open_assistant
 from engine.state import EngineState
 from kernel.errors import BackendError, InvalidRequest, LegoError, Unsupported
+from kernel.heap import frozen_startup_heap
 
 ZERO_COMPUTE_REPLY = "OK."
 ZERO_COMPUTE_WORD = " ok"  # repeated, for a reply of a given length
@@ -401,7 +403,8 @@ def create_engine_app(config: EngineConfig) -> FastAPI:
                 limits=limits,
                 resumed=resumed,
             )
-            yield
+            with frozen_startup_heap():
+                yield
         finally:
             if hasattr(app.state, "engine"):
                 app.state.engine.update_groups.close_all()

@@ -6,9 +6,10 @@ start, with one line naming the worker and the flag, when it would record withou
 experts it expects; limits are tightened to what the workers accept), the tokenizer whose
 chat template renders prompts (checked, and its tool-call format decided, by
 ``proxy.served_template``), the database (brought to the current schema under a lock),
-the turn writer, then the routes. Shutdown reverses it and
+the turn writer, then the routes; what start-up built is then frozen out of the cyclic
+collector's sight while the app serves (``kernel.heap``). Shutdown reverses it and
 flushes every pending turn. Nothing happens at import time and nothing is global: two apps
-in one process share nothing.
+in one process share nothing but the process's garbage collector.
 
 ``ProxyApp`` is FastAPI with one difference: a ``POST`` to a turn route
 (``proxy.routes.inference.TurnRoutes``) is answered straight from the ASGI scope, before
@@ -35,6 +36,7 @@ from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
 from kernel.errors import BackendMisconfigured, LegoError, MethodNotAllowed, NotFound
+from kernel.heap import frozen_startup_heap
 from kernel.paths import default_model_dir
 from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
@@ -245,7 +247,8 @@ def create_app(settings: Settings, *, instance: str | None = None) -> ProxyApp:
             app.state.lego_backend = backend
             backend.start()
             pause_sync = asyncio.create_task(_sync_pauses(store, gate, backend, settings, metrics))
-            yield
+            with frozen_startup_heap():
+                yield
             pause_sync.cancel()
         finally:
             if backend is not None:

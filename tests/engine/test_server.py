@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engine.config import EngineConfig
+from engine.loopback import running_engine
 from tests.engine.helpers import decode_routing, generate, stream_chunks
 
 PROMPT = [1716, 882, 198, 71, 72, 1717, 198, 1716, 329, 198]
@@ -347,3 +350,10 @@ def test_health_and_flush(engine_url: str) -> None:
     assert httpx.get(f"{engine_url}/health_generate", timeout=30).status_code == 200
     assert httpx.post(f"{engine_url}/flush_cache").status_code == 200
     assert httpx.get(f"{engine_url}/flush_cache").status_code == 200
+
+
+def test_the_local_engine_serves_with_its_start_up_heap_frozen(tiny_model_dir: Path) -> None:
+    with running_engine(EngineConfig(model_path=tiny_model_dir, zero_compute=True)) as url:
+        httpx.get(f"{url}/health", timeout=5).raise_for_status()
+        assert gc.get_freeze_count() > 10_000  # the tokenizer, the modules
+    assert gc.get_freeze_count() == 0
