@@ -6,8 +6,9 @@ start, with one line naming the worker and the flag, when it would record withou
 experts it expects; limits are tightened to what the workers accept), the tokenizer whose
 chat template renders prompts (checked, and its tool-call format decided, by
 ``proxy.served_template``), the database (brought to the current schema under a lock),
-the turn writer, then the routes; what start-up built is then frozen out of the cyclic
-collector's sight while the app serves (``kernel.heap``). Shutdown reverses it and
+the turn writer, then the routes; what start-up built, and later what outlives a full
+pass of the cyclic collector, is then frozen out of its sight while the app serves
+(``kernel.heap``). Shutdown reverses it and
 flushes every pending turn. Nothing happens at import time and nothing is global: two apps
 in one process share nothing but the process's garbage collector.
 
@@ -36,7 +37,7 @@ from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
 from kernel.errors import BackendMisconfigured, LegoError, MethodNotAllowed, NotFound
-from kernel.heap import frozen_startup_heap
+from kernel.heap import FullCollections, long_lived_frozen, reclaim_if_due
 from kernel.paths import default_model_dir
 from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
@@ -79,6 +80,22 @@ def expert_shape(model_dir: Path) -> ExpertShape | None:
     if not isinstance(top_k, int) or not isinstance(layers, int):
         return None
     return ExpertShape(num_layers=layers, top_k=top_k)
+
+
+RECLAIM_CHECK_S = 10.0
+
+
+async def _reclaim_when_due(collections: FullCollections) -> None:
+    """Give the frozen heap back for one full pass when it has grown enough to hold
+    garbage worth freeing (``kernel.heap.reclaim_if_due``, which looks at its size only
+    every ten minutes)."""
+    while True:
+        await asyncio.sleep(RECLAIM_CHECK_S)
+        if reclaim_if_due(collections):
+            _log.info(
+                "garbage collector: reclaimed the frozen heap (%d objects frozen now)",
+                collections.frozen_at_reclaim,
+            )
 
 
 async def _sync_pauses(
@@ -247,8 +264,11 @@ def create_app(settings: Settings, *, instance: str | None = None) -> ProxyApp:
             app.state.lego_backend = backend
             backend.start()
             pause_sync = asyncio.create_task(_sync_pauses(store, gate, backend, settings, metrics))
-            with frozen_startup_heap():
+            with long_lived_frozen() as collections:
+                metrics.watch_collections(collections)
+                reclaims = asyncio.create_task(_reclaim_when_due(collections))
                 yield
+                reclaims.cancel()
             pause_sync.cancel()
         finally:
             if backend is not None:

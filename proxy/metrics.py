@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kernel.heap import FullCollections
 from recorder.metrics import LATENCY_BUCKETS, RecorderMetrics
 
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32)
@@ -169,9 +170,39 @@ class Metrics:
             ["run"],
             registry=r,
         )
+        # Read at scrape time from ``watch_collections``' numbers (``kernel.heap``); a
+        # reclaim's pass is counted with the others.
+        self.gc_full_collections = Gauge(
+            "lego_gc_full_collections",
+            "Full passes of the process's garbage collector while serving; each stops every "
+            "turn in flight.",
+            registry=r,
+        )
+        self.gc_full_collection_seconds = Gauge(
+            "lego_gc_full_collection_seconds",
+            "Time spent in those passes, in all.",
+            registry=r,
+        )
+        self.gc_longest_full_collection = Gauge(
+            "lego_gc_longest_full_collection_seconds",
+            "The longest of those passes.",
+            registry=r,
+        )
+        self.gc_reclaims = Gauge(
+            "lego_gc_reclaims",
+            "Full passes over the frozen long-lived heap too, to free the garbage frozen in it.",
+            registry=r,
+        )
         self._alignment: dict[str, Gauge] = {}
         self._field_labels: set[str] = set()
         self._children: dict[tuple[int, tuple[str, ...]], object] = {}
+
+    def watch_collections(self, seen: FullCollections) -> None:
+        """Report ``seen``'s numbers from now on."""
+        self.gc_full_collections.set_function(lambda: seen.count)
+        self.gc_full_collection_seconds.set_function(lambda: seen.seconds)
+        self.gc_longest_full_collection.set_function(lambda: seen.longest_s)
+        self.gc_reclaims.set_function(lambda: seen.reclaims)
 
     def child(self, metric: M, **labels: str) -> M:
         """``metric.labels(**labels)``, looked up once: every turn counts itself in several

@@ -8,6 +8,7 @@ import gc
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kernel.threaded import free_port, serve
@@ -34,7 +35,7 @@ def test_a_failed_start_stops_the_engine_it_started(tmp_path: Path, tiny_model_d
     assert left == [], "the embedded engine outlived the failed start"
 
 
-def test_the_start_up_heap_is_frozen_while_the_proxy_runs(
+def test_the_start_up_heap_is_frozen_and_full_collections_are_reported(
     tmp_path: Path, tiny_model_dir: Path, scripted_engine_url: str
 ) -> None:
     """A full collection over everything start-up built (the modules, the tokenizer, the
@@ -44,4 +45,17 @@ def test_the_start_up_heap_is_frozen_while_the_proxy_runs(
         assert session["key"]
         frozen = gc.get_freeze_count()
         assert frozen > 10_000, frozen  # the tokenizer and the modules, not a handful
+        gc.collect()  # a full pass of the process's collector, which the proxy reports
+        scraped = httpx.get(f"{proxy.url}/metrics").raise_for_status().text
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in scraped.splitlines()
+        if line.startswith("lego_gc_")
+    }
+    assert values["lego_gc_full_collections"] >= 1
+    assert values["lego_gc_longest_full_collection_seconds"] > 0
+    assert (
+        values["lego_gc_longest_full_collection_seconds"]
+        <= (values["lego_gc_full_collection_seconds"])
+    )
     assert gc.get_freeze_count() == 0  # given back: the process collects them again
