@@ -52,7 +52,6 @@ class Filled:
     """One proxy after its sessions were filled."""
 
     name: str
-    turns: int
     seconds: float
     latencies: list[float]
     metrics: dict[str, float]
@@ -117,7 +116,6 @@ def measure(proxy: Proxy, sessions: int, turns: int, concurrency: int) -> Filled
     seconds = time.perf_counter() - began
     return Filled(
         proxy.name,
-        len(latencies),
         seconds,
         latencies,
         scrape(proxy),
@@ -128,7 +126,7 @@ def measure(proxy: Proxy, sessions: int, turns: int, concurrency: int) -> Filled
 def report(filled: Filled, round_: int) -> None:
     ms = sorted(1e3 * latency for latency in filled.latencies)
     print(
-        f"round {round_ + 1}, {filled.name}: {filled.turns} turns in {filled.seconds:.0f} s; "
+        f"round {round_ + 1}, {filled.name}: {len(ms)} turns in {filled.seconds:.0f} s; "
         f"latency p50 {percentile(ms, 0.5):.1f} ms, p99 {percentile(ms, 0.99):.1f} ms, "
         f"p99.9 {percentile(ms, 0.999):.1f} ms, "
         f"max {ms[-1]:.1f} ms; proxy RSS {filled.rss_mib:.0f} MiB"

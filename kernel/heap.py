@@ -11,7 +11,7 @@ proxy's ledger holds a few objects for every turn of the sessions it keeps
 (``LEGO_MAX_SESSIONS_HELD``). Measured on the development machine (``bench.gc_pauses``,
 1024 sessions of 20 turns): nothing frozen, 6 full passes of 224-339 ms; the start-up heap
 frozen, 19 of up to 142 ms (the passes come as often as the heap that is still seen grows
-by a quarter); survivors frozen too, 22 of at most 11 ms (83 ms in all).
+by a quarter); survivors frozen too, 22 of at most 13 ms (88-95 ms in all).
 
 - ``frozen_startup_heap()``: everything alive when the block starts (after one full pass,
   so start-up's garbage is freed rather than kept) is frozen until it ends.
