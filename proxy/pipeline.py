@@ -330,7 +330,10 @@ class Pipeline:
                 request,
                 answer,
             )
-            durability = await asyncio.shield(self._writer.submit_durable(record))
+            # A lone turn is written at once (no task); any other waits for its batch.
+            durability = self._writer.record_now(record)
+            if durability is None:
+                durability = await asyncio.shield(self._writer.submit_durable(record))
             if durability is Durability.LATE:
                 # Another replica finished the session while this turn ran: the turn is
                 # recorded failed, and the harness must not take it as answered.

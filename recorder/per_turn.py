@@ -12,6 +12,10 @@ implementation of this one contract (``PerTurn``):
   completed turns stored late. The session rows are locked ``FOR SHARE`` (SQLite: the
   write lock serializes) so a concurrent finish either sees the turn or the turn sees
   the finish. Writing a turn again is a no-op.
+- ``write_now(values, relabels, action)``: the same write done at once on the calling
+  thread, without awaiting anything, or None (nothing written) when this database cannot
+  (only a SQLite file's connection on the event loop can: ``recorder.sqlite_turns``). The
+  turn writer takes a lone turn this way, without its queue's task hand-offs.
 - ``pause_state(action)``: the paused runs and the workers out of rotation, what every
   replica polls twice a second (``PAUSE_STATE_SQL``: one statement, so one snapshot, on
   any database). With that poll through SQLAlchemy's async engine an idle proxy on SQLite
@@ -74,6 +78,12 @@ class PerTurn(Protocol):
     async def status(self, session_id: str, action: str) -> tuple[str, str | None] | None: ...
 
     async def write(self, values: Values, relabels: Relabels, action: str) -> set[str]: ...
+
+    def write_now(self, values: Values, relabels: Relabels, action: str) -> set[str] | None: ...
+
+    def can_write_now(self) -> bool:
+        """Whether ``write_now`` would try (it may still find SQLite busy)."""
+        ...
 
     async def pause_state(self, action: str) -> PauseState: ...
 
@@ -162,6 +172,13 @@ class OverSqlAlchemy:
         statements = self._statements
         async with transaction(self._engine, action) as conn:
             return await conn.run_sync(lambda sync: _write_rows(sync, statements, values, relabels))
+
+    def write_now(self, values: Values, relabels: Relabels, action: str) -> set[str] | None:
+        """Never: the async engine's statements are awaited."""
+        return None
+
+    def can_write_now(self) -> bool:
+        return False
 
     async def pause_state(self, action: str) -> PauseState:
         async with autocommit(self._engine, action) as conn:

@@ -144,6 +144,13 @@ class PostgresTurns:
         found = await self._run(lambda conn: conn.fetch(PAUSE_STATE_SQL), action)
         return pause_state_of([tuple(row) for row in found])
 
+    def write_now(self, values: Values, relabels: Relabels, action: str) -> set[str] | None:
+        """Never: every statement is a round trip to the server, awaited."""
+        return None
+
+    def can_write_now(self) -> bool:
+        return False
+
     async def write(self, values: Values, relabels: Relabels, action: str) -> set[str]:
         arrays = self._sql.arrays(values)
         session_ids = sorted({str(row["session_id"]) for row in values})

@@ -20,6 +20,19 @@ Every other statement of the recorder stays on SQLAlchemy.
   whose commit (its fsync) took longer than ``INLINE_WRITE_S`` moves the next ones to the
   writer thread, so a slow disk does not stall the loop; ``FAST_WRITES_TO_RETURN`` in a
   row there that took no longer move them back.
+- The WAL is checkpointed on the writer thread, never inside a commit on the loop: the
+  per-turn connections turn SQLite's automatic checkpoint off (at 1,000 WAL pages it runs
+  inside whichever commit crosses them, and its own page copies and fsync took that
+  commit past ``INLINE_WRITE_S``, which sent the next ``FAST_WRITES_TO_RETURN`` writes to
+  the thread: 39% of the turns at c=1 paid a thread handoff). Once the turns written
+  since the last checkpoint add up to ``CHECKPOINT_AFTER_BYTES`` (their values and
+  ``ROW_PAGE_BYTES`` each for the pages every row touches), a PASSIVE checkpoint is
+  queued on the writer thread, and the writes that come while it runs queue there behind
+  it: none is written meanwhile, so the checkpoint copies the whole WAL and the next
+  write starts it again from its beginning (a WAL written to while it is checkpointed
+  may never be wholly copied, and never restart).
+- ``write_now`` is ``write`` when it would run on the loop, done without awaiting (None
+  where ``write`` would go to the writer thread): the turn writer's lone turns.
 - ``write``: one transaction (``BEGIN IMMEDIATE``: the write lock first). Each row
   is inserted ``ON CONFLICT (id) DO NOTHING``, idempotent by id; then, with the lock
   held, the finished sessions are read, so a finish committed before is seen and one not
@@ -71,8 +84,12 @@ class _Thread:
         self._conn: sqlite3.Connection | None = None
 
     async def call(self, work: Callable[[sqlite3.Connection], T], action: str) -> T:
+        return await self.submit(work, action)
+
+    def submit(self, work: Callable[[sqlite3.Connection], T], action: str) -> asyncio.Future[T]:
+        """``work`` queued on the thread, behind what is queued there already."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._run, work, action)
+        return loop.run_in_executor(self._pool, self._run, work, action)
 
     def _run(self, work: Callable[[sqlite3.Connection], T], action: str) -> T:
         try:
@@ -93,6 +110,8 @@ class _Thread:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=check_same_thread)
         try:
             sqlite_pragmas(conn.cursor())
+            # Checkpoints run on the writer thread, never inside a commit (module docstring).
+            conn.execute("PRAGMA wal_autocheckpoint=0")
         except BaseException:
             conn.close()
             raise
@@ -118,6 +137,12 @@ _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary codes, of extend
 # in that many writes), a fast one is not worth a thread handoff.
 INLINE_WRITE_S = 0.002
 FAST_WRITES_TO_RETURN = 64
+# What the turns written since the last checkpoint may add to the WAL before the writer
+# thread checkpoints it: about SQLite's own 1,000 pages of 4 KiB. A row counts its values
+# and ROW_PAGE_BYTES for the table's and the indexes' pages it touches (5 WAL frames for a
+# one-turn commit on the development machine, strace).
+CHECKPOINT_AFTER_BYTES = 4 * 1024 * 1024
+ROW_PAGE_BYTES = 16 * 1024
 _log = logging.getLogger(__name__)
 
 
@@ -148,6 +173,8 @@ class SqliteTurns:
         self._inline: _Inline | None = None
         self._write_on_loop = True
         self._fast_writes = 0  # in a row on the writer thread
+        self._unchecked_bytes = 0  # written since the last checkpoint (estimated)
+        self._checkpoint: asyncio.Future[tuple[int, int, int]] | None = None  # running
         self._reader = _Thread(path, "lego-sqlite-read")
         self._writer = _Thread(path, "lego-sqlite-write")
         self._columns = TurnColumns.of_table()
@@ -183,36 +210,106 @@ class SqliteTurns:
         return await self._reader.call(read, action)
 
     async def write(self, values: Values, relabels: Relabels, action: str) -> set[str]:
-        bound = [self._columns.values(row) for row in values]
-        session_ids = sorted({str(row["session_id"]) for row in values})
+        bound, session_ids = self._bind(values)
 
         def write(conn: sqlite3.Connection) -> set[str]:
-            # IMMEDIATE: the write lock first, so a connection that waits for no lock
-            # learns it is held before it has done anything.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                late = self._write(conn, values, bound, session_ids, relabels)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:  # SQLite may have rolled it back itself (disk full)
-                    conn.execute("ROLLBACK")
-                raise
-            return late
+            return self._transaction(conn, values, bound, session_ids, relabels)
 
         def timed(conn: sqlite3.Connection) -> tuple[set[str], float]:
             began = time.perf_counter()
             return write(conn), time.perf_counter() - began
 
         self._check_open(action)
-        if self._write_on_loop:
+        if self._write_on_loop and self._checkpoint is None:
             began = time.perf_counter()
             done = await self._on_loop(write, action)
             if done is not _ELSEWHERE:
                 self._note_write(time.perf_counter() - began)
+                self._note_written(bound)
                 return done
         late, took = await self._writer.call(timed, action)
         self._note_write(took)
+        self._note_written(bound)
         return late
+
+    def write_now(self, values: Values, relabels: Relabels, action: str) -> set[str] | None:
+        """``write`` on the loop's connection, at once; None (nothing written) where
+        ``write`` would hand it to the writer thread: writes moved there by a slow commit, a
+        checkpoint running, the connection not opened yet, another thread calling, or
+        SQLite answering busy."""
+        inline = self._inline
+        if inline is None or not self.can_write_now():
+            return None
+        bound, session_ids = self._bind(values)
+
+        def write(conn: sqlite3.Connection) -> set[str]:
+            return self._transaction(conn, values, bound, session_ids, relabels)
+
+        began = time.perf_counter()
+        done = self._inline_call(inline, write, action)
+        if done is _ELSEWHERE:
+            return None
+        self._note_write(time.perf_counter() - began)
+        self._note_written(bound)
+        return done
+
+    def can_write_now(self) -> bool:
+        inline = self._inline
+        return (
+            not self._closed
+            and self._write_on_loop
+            and self._checkpoint is None
+            and inline is not None
+            and inline.thread == threading.get_ident()
+        )
+
+    def _bind(self, values: Values) -> tuple[list[list[object]], list[str]]:
+        bound = [self._columns.values(row) for row in values]
+        return bound, sorted({str(row["session_id"]) for row in values})
+
+    def _transaction(
+        self,
+        conn: sqlite3.Connection,
+        values: Values,
+        bound: list[list[object]],
+        session_ids: list[str],
+        relabels: Relabels,
+    ) -> set[str]:
+        # IMMEDIATE: the write lock first, so a connection that waits for no lock learns
+        # it is held before it has done anything.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            late = self._write(conn, values, bound, session_ids, relabels)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:  # SQLite may have rolled it back itself (disk full)
+                conn.execute("ROLLBACK")
+            raise
+        return late
+
+    def _note_written(self, bound: list[list[object]]) -> None:
+        """Count what the write added to the WAL; queue a checkpoint when it is due."""
+        self._unchecked_bytes += ROW_PAGE_BYTES * len(bound) + sum(
+            len(value) for row in bound for value in row if isinstance(value, (bytes, str))
+        )
+        if (
+            self._unchecked_bytes < CHECKPOINT_AFTER_BYTES
+            or self._checkpoint is not None
+            or self._closed
+        ):
+            return
+        self._unchecked_bytes = 0
+        self._checkpoint = self._writer.submit(_checkpoint, "checkpoint the WAL")
+        self._checkpoint.add_done_callback(self._checkpointed)
+
+    def _checkpointed(self, done: asyncio.Future[tuple[int, int, int]]) -> None:
+        self._checkpoint = None
+        if done.cancelled():
+            return
+        failure = done.exception()
+        if failure is not None:
+            # The next checkpoint (or another connection's automatic one) copies these.
+            _log.warning("SQLite WAL checkpoint failed: %s", failure)
 
     def _note_write(self, took: float) -> None:
         fast = took <= INLINE_WRITE_S
@@ -241,6 +338,13 @@ class SqliteTurns:
                 conn.close()
         if inline is None or inline.thread != threading.get_ident():
             return _ELSEWHERE
+        return self._inline_call(inline, work, action)
+
+    @staticmethod
+    def _inline_call(
+        inline: _Inline, work: Callable[[sqlite3.Connection], T], action: str
+    ) -> T | _Elsewhere:
+        """``work`` on the loop's connection; ``_ELSEWHERE`` when SQLite answered busy."""
         try:
             return work(inline.conn)
         except sqlite3.OperationalError as exc:
@@ -292,11 +396,20 @@ class SqliteTurns:
         if self._closed:
             return
         self._closed = True
+        if self._checkpoint is not None:
+            await asyncio.wait([self._checkpoint])
         if self._inline is not None:
             self._inline.conn.close()
             self._inline = None
         await self._reader.close()
         await self._writer.close()
+
+
+def _checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
+    """A PASSIVE checkpoint (it waits for no reader or writer): (busy, WAL frames, frames
+    copied to the database)."""
+    busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return int(busy), int(frames), int(copied)
 
 
 def _marks(items: Sequence[object]) -> str:

@@ -298,16 +298,21 @@ class Store:
     async def write_rows(self, stored: Sequence[rows.StoredTurn]) -> set[str]:
         """Insert encoded turns in one transaction, idempotent by id; the ids of completed
         turns stored ``failed`` because their session was already finished."""
-        unique = {turn.id: turn for turn in reversed(stored)}  # first copy wins
-        values = [dict(turn.row) for turn in reversed(unique.values())]
+        values, relabels = _batch(stored)
         if not values:
             return set()
-        relabels: list[tuple[object, list[object]]] = []
-        for row in values:
-            named = row.setdefault("side_requests", None)  # None: spooled before the column
-            if isinstance(named, list) and named:
-                relabels.append((row["session_id"], named))
         return await self._per_turn.write(values, relabels, f"write {len(values)} turns")
+
+    @property
+    def writes_now(self) -> bool:
+        """Whether ``write_rows_now`` would try to write now."""
+        return self._per_turn.can_write_now()
+
+    def write_rows_now(self, stored: Sequence[rows.StoredTurn]) -> set[str] | None:
+        """``write_rows`` done at once, awaiting nothing, or None (nothing written) when the
+        database cannot be written that way now (``recorder.per_turn``)."""
+        values, relabels = _batch(stored)
+        return self._per_turn.write_now(values, relabels, f"write {len(values)} turns")
 
     async def conversations(
         self,
@@ -379,3 +384,17 @@ def _turn_count() -> Any:
         .where(turns.c.session_id == sessions.c.id)
         .scalar_subquery()
     )
+
+
+def _batch(
+    stored: Sequence[rows.StoredTurn],
+) -> tuple[list[dict[str, object]], list[tuple[object, list[object]]]]:
+    """A batch's rows (the first copy of each id) and its side-request relabels."""
+    unique = {turn.id: turn for turn in reversed(stored)}  # first copy wins
+    values = [dict(turn.row) for turn in reversed(unique.values())]
+    relabels: list[tuple[object, list[object]]] = []
+    for row in values:
+        named = row.setdefault("side_requests", None)  # None: spooled before the column
+        if isinstance(named, list) and named:
+            relabels.append((row["session_id"], named))
+    return values, relabels

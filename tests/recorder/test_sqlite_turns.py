@@ -272,3 +272,55 @@ async def test_writes_run_on_the_loop_until_a_commit_is_slow(
         assert [t.seq for t in await store.list_turns(session.id)] == [0, 1, 2, 3, 4, 5]
     finally:
         await store.close()
+
+
+def wal_frames(tmp_path: Path) -> int:
+    """The frames in the WAL now (a PASSIVE checkpoint reports them, and copies them)."""
+    conn = sqlite3.connect(tmp_path / "lego.sqlite3")
+    try:
+        _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return int(frames)
+    finally:
+        conn.close()
+
+
+async def test_the_wal_is_checkpointed_on_the_writer_thread_not_in_a_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's automatic checkpoint (at 1,000 WAL pages) would run inside the commit on
+    the loop that crosses them, and its copies and fsync would send the next writes to the
+    thread: the per-turn connections leave the WAL to a checkpoint the writer thread runs
+    once enough is written, which keeps the WAL short."""
+    async with read_once(tmp_path) as (store, session, _):
+        monkeypatch.setattr("recorder.sqlite_turns.CHECKPOINT_AFTER_BYTES", 1 << 40)
+        for seq in range(500):  # 3-5 pages each: past SQLite's 1,000
+            await store.write_rows([rows.encode_turn(make_turn(session.id, seq))])
+        assert wal_frames(tmp_path) > 1000  # no commit checkpointed them
+        monkeypatch.setattr("recorder.sqlite_turns.CHECKPOINT_AFTER_BYTES", 64 * 1024)
+        for seq in range(500, 800):
+            await store.write_rows([rows.encode_turn(make_turn(session.id, seq))])
+        await asyncio.sleep(0.2)  # the last checkpoint done
+        assert wal_frames(tmp_path) < 200  # checkpointed, and restarted from its start
+        assert len(await store.list_turns(session.id)) == 800
+
+
+async def test_a_write_waits_behind_a_running_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that comes while the checkpoint runs queues behind it on the writer thread
+    rather than commit on the loop: so the checkpoint copies the whole WAL, and the next
+    write restarts it."""
+    monkeypatch.setattr("recorder.sqlite_turns.CHECKPOINT_AFTER_BYTES", 1)
+    async with read_once(tmp_path) as (store, session, per_turn):
+        async with both_threads_held(per_turn):
+            # On the loop; it queues a checkpoint behind the held writer thread.
+            await asyncio.wait_for(
+                store.write_rows([rows.encode_turn(make_turn(session.id, 0))]), 2
+            )
+            second = asyncio.create_task(
+                store.write_rows([rows.encode_turn(make_turn(session.id, 1))])
+            )
+            await asyncio.sleep(0.3)
+            assert not second.done()  # behind the checkpoint
+        assert await asyncio.wait_for(second, 15) == set()
+        assert [t.seq for t in await store.list_turns(session.id)] == [0, 1]

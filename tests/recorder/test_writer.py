@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from recorder.rows import StoredTurn
 from recorder.scratch_postgres import PostgresServer
 from recorder.spool import Spool
 from recorder.store import Store
-from recorder.writer import TurnWriter
+from recorder.writer import Durability, TurnWriter
 from tests.recorder.builders import make_turn
 
 
@@ -343,3 +344,100 @@ async def test_postgres_down_turns_spool_and_replay_exactly_once(
         await writer.close()
         await store.close()
         await stoppable_postgres.drop_database(url)
+
+
+# -- a lone turn written at once (record_now) -------------------------------------------
+
+
+async def test_a_lone_turn_is_written_at_once_with_no_task(store: Store, database_url: str) -> None:
+    """On a SQLite file a lone turn is committed by the caller itself, before it returns
+    and with no writer task; a store whose writes are awaited (Postgres) leaves it to the
+    queue. Either way the turn ends durable in the database."""
+    session = await new_session(store)
+    assert await store.finished_termination(session.id) is None  # opens the loop's connection
+    writer = TurnWriter(store)
+    turn = make_turn(session.id, 0)
+    outcome = writer.record_now(turn)
+    if database_url.startswith("sqlite"):
+        assert outcome is Durability.RECORDED
+        assert writer._task is None  # no task ran
+        assert (writer.submitted, writer.written, writer.pending) == (1, 1, 0)
+        # Committed before record_now returned: another connection sees it.
+        with sqlite3.connect(database_url.removeprefix("sqlite+aiosqlite:///")) as other:
+            assert other.execute("SELECT id FROM turns").fetchall() == [(turn.id,)]
+    else:
+        assert outcome is None
+        assert await writer.submit_durable(turn) is Durability.RECORDED
+    await asyncio.wait_for(writer.close(), timeout=10)
+    assert [t.id for t in await store.list_turns(session.id)] == [turn.id]
+
+
+async def sqlite_store(tmp_path: Path) -> tuple[Store, SessionInfo]:
+    """A store on a SQLite file, a session, and its loop connection open."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'lego.sqlite3'}"
+    await upgrade_database(url)
+    store = await Store.open(url)
+    session = await new_session(store)
+    assert await store.finished_termination(session.id) is None
+    return store, session
+
+
+async def test_a_turn_is_not_written_ahead_of_the_queue(tmp_path: Path) -> None:
+    """Turns already queued are written first: a turn that would overtake them is left to
+    the queue (None), and the queue writes all of them in order."""
+    store, session = await sqlite_store(tmp_path)
+    try:
+        writer = TurnWriter(store, flush_interval_s=30.0)
+        writer.submit(make_turn(session.id, 0))
+        assert writer.record_now(make_turn(session.id, 1)) is None
+        assert writer.written == 0
+        await asyncio.wait_for(writer.flush(), timeout=10)
+        assert writer.record_now(make_turn(session.id, 2)) is Durability.RECORDED
+        await asyncio.wait_for(writer.close(), timeout=10)
+        assert [t.seq for t in await store.list_turns(session.id)] == [0, 2]
+    finally:
+        await store.close()
+
+
+async def test_a_locked_database_leaves_the_turn_to_the_queue(tmp_path: Path) -> None:
+    """Another process holding SQLite's write lock: nothing is written at once (the loop
+    waits for no lock), and the queue writes the turn once the lock is let go."""
+    store, session = await sqlite_store(tmp_path)
+    try:
+        writer = TurnWriter(store)
+        locker = sqlite3.connect(tmp_path / "lego.sqlite3", isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
+        turn = make_turn(session.id, 0)
+        try:
+            assert writer.record_now(turn) is None
+            durable = asyncio.create_task(writer.submit_durable(turn))
+            await asyncio.sleep(0.1)
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        assert await asyncio.wait_for(durable, 10) is Durability.RECORDED
+        await asyncio.wait_for(writer.close(), timeout=10)
+        assert [t.id for t in await store.list_turns(session.id)] == [turn.id]
+    finally:
+        await store.close()
+
+
+async def test_a_turn_written_at_once_is_late_or_unstorable_as_a_queued_one(
+    tmp_path: Path,
+) -> None:
+    """A completed turn of a session finished meanwhile is stored failed and reported
+    LATE; a turn no column can hold is not written at once, and the queue drops it."""
+    store, session = await sqlite_store(tmp_path)
+    try:
+        writer = TurnWriter(store)
+        assert writer.record_now(make_turn(session.id, 0, prompt=(2**31,))) is None
+        assert writer.written == 0
+        await store.finish_session(session.id, "completed", 1.0, None)
+        late = make_turn(session.id, 1)
+        assert writer.record_now(late) is Durability.LATE
+        assert writer.late == 1
+        (stored,) = await store.list_turns(session.id)
+        assert (stored.id, stored.status.value) == (late.id, "failed")
+        await asyncio.wait_for(writer.close(), timeout=10)
+    finally:
+        await store.close()
