@@ -330,8 +330,9 @@ class Pipeline:
                 request,
                 answer,
             )
-            # A lone turn is written at once (no task); any other waits for its batch.
-            durability = self._writer.record_now(record)
+            # A turn alone in flight is written at once (no task). While others generate,
+            # it waits for its batch, so turns that end together share one commit's fsync.
+            durability = None if self._running else self._writer.record_now(record)
             if durability is None:
                 durability = await asyncio.shield(self._writer.submit_durable(record))
             if durability is Durability.LATE:

@@ -76,6 +76,12 @@ class RecorderMetrics:
             "Age of the oldest spooled turn (0 when the spool is empty).",
             registry=r,
         )
+        self.written_at_once = Counter(
+            "lego_recorder_written_at_once_turns",
+            "Turns committed by their own request, with no hand-off to the writer's task "
+            "(a turn alone in flight, on a database the event loop writes to).",
+            registry=r,
+        )
         self.write_latency = Histogram(
             "lego_recorder_write_latency_seconds",
             "Duration of one database write of a batch of turns.",

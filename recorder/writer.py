@@ -258,6 +258,7 @@ class TurnWriter:
             return None
         if self._metrics is not None:
             self._metrics.write_latency.observe(time.perf_counter() - began)
+            self._metrics.written_at_once.inc()
         self.submitted += 1
         self._done += 1
         self.batches += 1
