@@ -66,6 +66,17 @@ def test_ids_outside_int32_are_refused() -> None:
     with pytest.raises(OverflowError):
         TokenIds([-(2**31) - 1])
     assert TokenIds([2**31 - 1, -(2**31)]) == (2**31 - 1, -(2**31))
+    with pytest.raises(OverflowError):
+        TokenIds(iter([5, 2**40]))  # any iterable, any width
+    with pytest.raises(OverflowError):
+        TokenIds(np.array([2**31], dtype=np.int64))
+
+
+def test_a_nested_sequence_is_refused() -> None:
+    with pytest.raises(ValueError, match="flat"):
+        TokenIds([[1, 2], [3, 4]])
+    with pytest.raises(ValueError, match="flat"):
+        TokenIds(np.array([[1, 2]], dtype=np.int64))
 
 
 def test_serialises_to_the_same_json_and_bytes_as_a_tuple() -> None:
