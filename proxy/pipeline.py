@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,6 +156,7 @@ class Pipeline:
         self._metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
         self._running: dict[str, _Progress] = {}  # turn id -> its run's progress
+        self._think_tails: dict[tuple[int, ...], bool] = {}  # last prompt ids -> in <think>
 
     def abandon(self, turn_id: str) -> bool:
         """The harness of a running turn hung up: abort the backend call in flight and let
@@ -213,7 +214,6 @@ class Pipeline:
             # still sends the first token at once (its time to first token is kept) and every
             # token sampled before a pause-abort in the abort's chunk.
             sampling["stream_interval"] = chunk_tokens
-        tail = str(self._tokenizer.decode(list(prompt[-4:]), skip_special_tokens=False))
         return PreparedTurn(
             turn_id=uuid.uuid4().hex,
             session=session,
@@ -221,10 +221,24 @@ class Pipeline:
             plan=plan,
             prompt_ids=prompt,
             sampling_params=sampling,
-            starts_in_reasoning=tail.rstrip().endswith("<think>"),
+            starts_in_reasoning=self._ends_in_think(prompt[-4:]),
             received_at=time.time(),
             started=started,
         )
+
+    def _ends_in_think(self, tail: Sequence[int]) -> bool:
+        """The prompt's last tokens end in ``<think>`` (trailing whitespace aside): the
+        template opened the answer's reasoning. Prompts end in few distinct tails (the
+        template's generation prompt), so each is decoded once, not on every turn."""
+        key = tuple(tail)
+        known = self._think_tails.get(key)
+        if known is None:
+            text = str(self._tokenizer.decode(list(key), skip_special_tokens=False))
+            known = text.rstrip().endswith("<think>")
+            if len(self._think_tails) >= _THINK_TAILS:
+                self._think_tails.clear()  # not a template's tails: keep memory bounded
+            self._think_tails[key] = known
+        return known
 
     async def _plan(self, session: SessionInfo, request: ChatRequest, budget: int) -> PromptPlan:
         # Rendering a large request runs off the event loop (proxy.ledger.book).
@@ -511,6 +525,7 @@ class Pipeline:
 # Forks that are new conversations by nature; a stale ledger cannot be why they fork.
 _FRESH_FORKS = (ForkReason.SIDE_REQUEST, ForkReason.SUBAGENT)
 _STALE_CHECKS = 3
+_THINK_TAILS = 256  # distinct prompt tails remembered (a template has a handful)
 _STALE_RECHECK_S = 0.1
 _DB_WAIT_S = 1.0
 
