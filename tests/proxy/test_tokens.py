@@ -74,7 +74,7 @@ def test_ids_outside_int32_are_refused() -> None:
 
 def test_a_nested_sequence_is_refused() -> None:
     with pytest.raises(ValueError, match="flat"):
-        TokenIds([[1, 2], [3, 4]])
+        TokenIds([[1, 2], [3, 4]])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="flat"):
         TokenIds(np.array([[1, 2]], dtype=np.int64))
 
