@@ -525,9 +525,9 @@ class Pipeline:
 # Forks that are new conversations by nature; a stale ledger cannot be why they fork.
 _FRESH_FORKS = (ForkReason.SIDE_REQUEST, ForkReason.SUBAGENT)
 _STALE_CHECKS = 3
-_THINK_TAILS = 256  # distinct prompt tails remembered (a template has a handful)
 _STALE_RECHECK_S = 0.1
 _DB_WAIT_S = 1.0
+_THINK_TAILS = 256  # distinct prompt tails remembered (a template has a handful)
 
 
 def _may_be_stale(plan: PromptPlan, request: ChatRequest) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from openai.types.chat import ChatCompletionFunctionToolParam
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp
 
 from engine.config import EngineConfig
@@ -123,6 +124,16 @@ class Proxy:
     def trajectory(self, session_id: str) -> dict[str, Any]:
         response = self.admin.get(f"/api/v1/sessions/{session_id}/trajectory")
         return dict(response.raise_for_status().json())
+
+    def metric_total(self, name: str) -> float:
+        """The sum of ``name``'s samples on ``/metrics``, whatever their labels (0 if none)."""
+        text = httpx.get(f"{self.url}/metrics").raise_for_status().text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        )
 
 
 @contextmanager

@@ -13,22 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.proxy.conftest import DEFAULT_REPLY, SLOW_REPLY, Proxy, running_proxy
 from tests.support.tap import BackendTap
 
 AT_ONCE = "lego_recorder_written_at_once_turns_total"
-
-
-def written_at_once(proxy: Proxy) -> float:
-    text = httpx.get(f"{proxy.url}/metrics").raise_for_status().text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == AT_ONCE
-    )
 
 
 def ask(proxy: Proxy, content: str) -> str:
@@ -48,7 +37,7 @@ def test_only_a_turn_alone_in_flight_is_written_at_once(
     monkeypatch.setattr("recorder.sqlite_turns.INLINE_WRITE_S", 60.0)
     with running_proxy(tap.url, model_dir, tmp_path, None) as proxy:
         assert ask(proxy, "hello") == DEFAULT_REPLY
-        assert written_at_once(proxy) == 1
+        assert proxy.metric_total(AT_ONCE) == 1
 
         tap.reset()
         slow: list[str] = []
@@ -61,8 +50,8 @@ def test_only_a_turn_alone_in_flight_is_written_at_once(
         # The slow turn generates for 3 s: this one ends while it runs, and is batched.
         assert ask(proxy, "hello") == DEFAULT_REPLY
         assert runner.is_alive()
-        assert written_at_once(proxy) == 1
+        assert proxy.metric_total(AT_ONCE) == 1
 
         runner.join(timeout=30)
         assert slow == [SLOW_REPLY]
-        assert written_at_once(proxy) == 2  # the slow turn ended alone
+        assert proxy.metric_total(AT_ONCE) == 2  # the slow turn ended alone

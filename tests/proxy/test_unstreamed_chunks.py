@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine.loopback import running_engine
 from kernel.threaded import serve
@@ -58,16 +57,6 @@ def paced_tap(tiny_model_dir: Path) -> Iterator[BackendTap]:
         yield tap
 
 
-def ttft_count(proxy: Proxy) -> float:
-    text = httpx.get(f"{proxy.url}/metrics").raise_for_status().text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == TTFT
-    )
-
-
 def answer(proxy: Proxy, stream: bool) -> tuple[str, dict[str, Any]]:
     """One turn in a new session: the harness's text and the session's trajectory."""
     session = proxy.new_session()
@@ -89,15 +78,15 @@ def test_an_unstreamed_turn_reads_a_chunk_every_n_tokens_and_records_the_same(
         paced_tap.url, tiny_model_dir, tmp_path, None, unstreamed_chunk_tokens=CHUNK_TOKENS
     ) as proxy:
         paced_tap.reset()
-        before = ttft_count(proxy)
+        before = proxy.metric_total(TTFT)
         streamed_text, streamed = answer(proxy, stream=True)
         (per_token,) = paced_tap.generates
-        assert ttft_count(proxy) == before + 1
+        assert proxy.metric_total(TTFT) == before + 1
         paced_tap.reset()
         text, unstreamed = answer(proxy, stream=False)
         (chunked,) = paced_tap.generates
         # Its first chunk is its first token: the time to first token is kept.
-        assert ttft_count(proxy) == before + 2
+        assert proxy.metric_total(TTFT) == before + 2
 
     assert "stream_interval" not in per_token.body["sampling_params"]
     assert chunked.body["sampling_params"]["stream_interval"] == CHUNK_TOKENS
@@ -128,10 +117,10 @@ def test_unstreamed_turns_are_chunked_by_default_and_one_restores_a_chunk_a_toke
         paced_tap.url, tiny_model_dir, tmp_path / "one", None, unstreamed_chunk_tokens=1
     ) as proxy:
         paced_tap.reset()
-        before = ttft_count(proxy)
+        before = proxy.metric_total(TTFT)
         answer(proxy, stream=False)
         (per_token,) = paced_tap.generates
-        assert ttft_count(proxy) == before + 1
+        assert proxy.metric_total(TTFT) == before + 1
     assert default.body["sampling_params"]["stream_interval"] == 16
     assert len(default.chunks) == 4
     assert "stream_interval" not in per_token.body["sampling_params"]
