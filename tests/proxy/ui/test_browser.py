@@ -189,6 +189,9 @@ def log_in(browser: Any, proxy: Proxy, target: str, wrong_first: bool = False) -
 
     browser.get(f"{proxy.url}{target}")
     assert "/ui/login" in browser.current_url  # no cookie yet: sent to the login form
+    # Pause the live reloads before the first live page loads (localStorage is per origin),
+    # so no timer armed by a page can reload it under the test's feet.
+    browser.execute_script("localStorage.setItem('lego-live', 'off')")
     if wrong_first:
         browser.find_element(By.ID, "key").send_keys("wrong")
         browser.find_element(By.ID, "login").click()
@@ -196,9 +199,12 @@ def log_in(browser: Any, proxy: Proxy, target: str, wrong_first: bool = False) -
         assert "not the admin key" in error[0].text
     browser.find_element(By.ID, "key").send_keys(ADMIN_KEY)
     browser.find_element(By.ID, "login").click()
-    WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith(target))
-    browser.execute_script("localStorage.setItem('lego-live', 'off')")  # no reloads mid-test
-    browser.refresh()
+    WebDriverWait(browser, 20).until(
+        lambda d: (
+            d.current_url.endswith(target)
+            and d.execute_script("return document.readyState") == "complete"
+        )
+    )
 
 
 def labels_outside_their_chart(browser: Any) -> list[str]:
@@ -391,6 +397,7 @@ async def test_a_task_leads_to_its_sessions_and_a_fork_shows_its_edit(
 
     log_in(browser, proxy, f"/ui/runs/{run.id}/tasks")
     shots.page("tasks")
+    assert not browser.find_element(By.ID, "live").is_selected()  # the pause held on load
     browser.find_element(By.CSS_SELECTOR, 'tr[data-task="task-1"] a.task-link').click()
     settle.until(lambda d: "task=task-1" in d.current_url)
     listed = browser.find_elements(By.CSS_SELECTOR, "#sessions tbody tr[data-session]")
