@@ -8,7 +8,9 @@ keep-alive connections). All paths are measured in the same run, interleaved in 
 each variant is printed against the direct baseline: the added latency p50/p99, throughput
 as a ratio of the direct path's, and each server process's CPU per request (from
 ``/proc``), next to the journal disk's fsync measured in the same rounds (the floor of a
-turn that is durable before its last byte).
+turn that is durable before its last byte). The fsync is measured after a pause of one
+direct turn, as a lone turn's commit comes: this disk's fsync is slower after a pause
+(``fsync_seconds``). The back-to-back figure is printed next to it.
 
 Variants (``--variants``): ``default`` (what ``lego-proxy serve`` runs: uvloop + httptools
 where installed), ``asyncio-h11`` (the stdlib loop and the pure-Python parser),
@@ -135,13 +137,20 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def fsync_seconds(directory: Path, samples: int) -> list[float]:
-    """One small append + fsync at a time on ``directory``'s disk: what a journaled turn
-    waits for at least once."""
+def fsync_seconds(directory: Path, samples: int, pause_s: float = 0.0) -> list[float]:
+    """One small append + fsync at a time on ``directory``'s disk, each after ``pause_s``
+    of quiet: what a journaled turn waits for at least once.
+
+    A disk's fsync may cost more the longer it was idle. On the development VM: 0.05 ms
+    back to back, 0.7 ms after a 1 ms pause and 0.9 ms after 2 ms (``docs/performance.md``).
+    A lone turn commits about one turn after the last commit, so its floor is the paced
+    figure. Back to back is the floor of turns that share a group commit."""
     path = directory / "fsync-probe"
     timings = []
     with path.open("ab") as sink:
         for _ in range(samples):
+            if pause_s > 0:
+                time.sleep(pause_s)
             sink.write(b"x" * 512)
             sink.flush()
             began = time.perf_counter()
@@ -371,10 +380,13 @@ async def compare(
         per_round = max(args.requests // args.rounds, concurrency)
         direct_runs: list[Measured] = []
         proxy_runs: dict[str, list[Measured]] = {proxy.name: [] for proxy in proxies}
-        fsyncs: list[float] = []
+        fsyncs: list[float] = []  # each after a pause of one direct turn (a lone turn's)
+        back_to_back: list[float] = []  # the floor of turns that share a group commit
         for round_ in range(args.rounds):  # interleaved: machine noise hits every path alike
             direct_runs.append(await measure(direct, per_round, concurrency, engine.pid))
-            fsyncs += fsync_seconds(disk, FSYNC_SAMPLES)
+            pause_s = percentile(direct_runs[-1].latencies, 0.5)
+            fsyncs += fsync_seconds(disk, FSYNC_SAMPLES, pause_s)
+            back_to_back += fsync_seconds(disk, FSYNC_SAMPLES)
             for proxy in rotated(proxies, round_):
                 proxy_runs[proxy.name].append(
                     await measure(through(proxy), per_round, concurrency, proxy.process.pid)
@@ -382,6 +394,7 @@ async def compare(
         direct_lat = [x for m in direct_runs for x in m.latencies]
         direct_rps = statistics.median(m.rps for m in direct_runs)
         fsync_p50_ms = 1e3 * percentile(fsyncs, 0.5)
+        back_to_back_p50_ms = 1e3 * percentile(back_to_back, 0.5)
         direct_p50 = 1e3 * percentile(direct_lat, 0.5)
         direct_p99 = 1e3 * percentile(direct_lat, 0.99)
         engine_cpu = 1e3 * sum(m.cpu_s for m in direct_runs) / (per_round * args.rounds)
@@ -391,11 +404,13 @@ async def compare(
             "direct_rps": direct_rps,
             "engine_cpu_ms_per_request": engine_cpu,
             "fsync_p50_ms": fsync_p50_ms,
+            "fsync_back_to_back_p50_ms": back_to_back_p50_ms,
         }
         print(
             f"concurrency {concurrency:>3}: direct p50 {direct_p50:.2f} ms, "
             f"{direct_rps:.0f} req/s, engine CPU {engine_cpu:.2f} ms/req; "
-            f"fsync p50 {fsync_p50_ms:.2f} ms"
+            f"fsync p50 {fsync_p50_ms:.2f} ms after a direct turn's pause "
+            f"({back_to_back_p50_ms:.2f} back to back)"
         )
         for name, runs in proxy_runs.items():
             lat = [x for m in runs for x in m.latencies]

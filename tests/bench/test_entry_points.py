@@ -48,3 +48,18 @@ def test_each_round_starts_with_the_next_system() -> None:
     assert firsts == ["a", "b", "c", "a", "b", "c"]
     assert all(sorted(rotated(systems, r)) == systems for r in range(6))
     assert rotated([], 3) == []
+
+
+def test_the_fsync_floor_is_measured_after_the_pause_a_lone_turn_has(tmp_path: Path) -> None:
+    """A disk's fsync can cost more after a pause: each sample waits ``pause_s`` first."""
+    import time
+
+    from bench.overhead import fsync_seconds
+
+    began = time.monotonic()
+    timings = fsync_seconds(tmp_path, 4, pause_s=0.05)
+    assert time.monotonic() - began >= 4 * 0.05
+    assert len(timings) == 4
+    assert all(t >= 0 for t in timings)
+    assert not (tmp_path / "fsync-probe").exists()  # the probe file is gone
+    assert len(fsync_seconds(tmp_path, 3)) == 3  # back to back by default
