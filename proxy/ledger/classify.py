@@ -126,7 +126,8 @@ def settle(tree: SessionTree, plan: PromptPlan, request: ChatRequest) -> PromptP
     roots = side_requests_before(tree, request, fingerprints)
     if roots is not None:
         return replace(plan, side_requests=roots)
-    plan = replace(plan, side_requests=())  # named when planned; another root came since
+    if plan.side_requests:
+        plan = replace(plan, side_requests=())  # named when planned; another root came since
     agent_seen = any(tools != _NO_TOOLS for _, tools in tree.longest)  # per context, not turn
     if agent_seen and fork_reason(tree, request, fingerprints) is ForkReason.SIDE_REQUEST:
         return replace(

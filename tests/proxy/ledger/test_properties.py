@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from proxy.canonical import Message, ToolCall
 from proxy.ledger import LedgerBook
+from proxy.tokens import TokenIds
 from tests.proxy.ledger.conftest import SYSTEM, Driver, request
 
 WORDS = st.sampled_from(["ls", "cat", "file", "über", "  ", "\n", "{", '"x"', "done", "42"])
@@ -92,3 +93,26 @@ def test_extends_keep_sampled_tokens_and_departures_are_classified(
     assert plan.fork_reason != "unknown"
     assert plan.reused_prefix_len > 0
     assert plan.parent_turn_id in d.tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    output=st.lists(st.sampled_from(["think", "eos", "x"]), max_size=300),
+    prompt=st.lists(st.sampled_from(["think", "eos", "x"]), min_size=1, max_size=80),
+)
+def test_a_turn_thinks_when_its_answer_or_generation_prompt_opens_a_think_block(
+    tokenizer: PreTrainedTokenizerBase, output: list[str], prompt: list[str]
+) -> None:
+    """The list search (short answers) and numpy's (long ones) agree with the rule: a
+    ``<think>`` in the answer, or after the prompt's last eos within its last 32 ids."""
+    book = LedgerBook(tokenizer)
+    think = int(tokenizer.convert_tokens_to_ids("<think>"))  # type: ignore[arg-type]
+    eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))  # type: ignore[arg-type]
+    assert (book._think_id, book._incremental.eos_id) == (think, eos)  # the ids it searches
+    ids = {"think": think, "eos": eos, "x": 11}
+    out = [ids[k] for k in output]
+    window = [ids[k] for k in prompt][-32:]
+    last_eos = max((i for i, t in enumerate(window) if t == eos), default=-1)
+    after_eos = window[last_eos + 1 :]
+    expected = think in out or think in after_eos
+    assert book._thinks(TokenIds([ids[k] for k in prompt]), TokenIds(out)) is expected
