@@ -455,9 +455,10 @@ class LedgerBook:
         # A short answer is searched as a list: numpy's per-call cost is 3 us, the list's
         # under 1 (the generation prompt's window too).
         if output.shape[0] <= _LIST_SEARCH_IDS:
-            if think in output.tolist():
-                return True
-        elif self._holds_think(output):
+            sampled = think in output.tolist()
+        else:
+            sampled = self._holds_think(output)
+        if sampled:
             return True
         tail = prompt_ids.array[-_GENERATION_PROMPT_WINDOW:].tolist()
         eos = self._incremental.eos_id
