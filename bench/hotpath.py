@@ -62,8 +62,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("output parsing", ("/proxy/parsing/",)),
     ("adapters", ("/proxy/adapters/",)),
     (
-        "backend client (aiohttp; httpx for control calls)",
-        ("/proxy/backend", "/aiohttp/", "/yarl/", "/multidict/", "/httpx/", "/httpcore/"),
+        "backend client (httpx for control calls)",
+        ("/proxy/backend", "/proxy/stream_client", "/httpx/", "/httpcore/"),
     ),
     ("tokenizer", ("/transformers/", "/tokenizers/")),
     ("pipeline and routes", ("/proxy/", "/kernel/")),

@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import aiohttp
 import httpx
 import orjson
 from fastapi import FastAPI, Request
@@ -43,7 +42,7 @@ from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter
 from proxy.adapters.openai_chat import OpenAIChatAdapter, models_response
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter
 from proxy.adapters.signing import ReasoningSigner
-from proxy.backend import ExpertShape, SGLangBackend, stream_session
+from proxy.backend import ExpertShape, SGLangBackend, stream_client
 from proxy.conversations import ConversationBook
 from proxy.embedded import EmbeddedEngine
 from proxy.gate import RunGate
@@ -58,6 +57,7 @@ from proxy.served_template import served_template
 from proxy.sessions import SessionCache
 from proxy.settings import Settings
 from proxy.state import AppState
+from proxy.stream_client import StreamClient
 from recorder.disks import RecorderDisks
 from recorder.export import ExportStore
 from recorder.journal import Journal
@@ -169,7 +169,7 @@ def create_app(settings: Settings, *, instance: str | None = None) -> ProxyApp:
         # start never leaves the engine child running.
         engine: EmbeddedEngine | None = None
         client: httpx.AsyncClient | None = None
-        streams: aiohttp.ClientSession | None = None
+        streams: StreamClient | None = None
         store: Store | None = None
         exports: ExportStore | None = None
         backend: SGLangBackend | None = None
@@ -189,7 +189,7 @@ def create_app(settings: Settings, *, instance: str | None = None) -> ProxyApp:
                 timeout=httpx.Timeout(settings.backend_timeout_s, connect=5.0),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
             )
-            streams = stream_session()
+            streams = stream_client()
             store = await Store.open(settings.effective_database_url)
             exports = ExportStore.open(settings.effective_database_url)
             backend = SGLangBackend(

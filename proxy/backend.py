@@ -5,14 +5,13 @@ streaming modes, decoding routed experts, aborting by ``rid``, mapping transport
 backend failures onto ``kernel.errors``, choosing a worker when there are several, and
 reading every worker's ``/server_info`` into the limits the pipeline keeps to.
 
-Connections: generations (``/generate``, the hot path) go over one aiohttp
-``ClientSession`` whose connector keeps a pool of keep-alive connections per worker for the
-life of the backend; every other call (``/health``, ``/server_info``, ``/workers``,
-``/abort_request``) over the caller's pooled ``httpx.AsyncClient``. aiohttp's C parser and
-native asyncio streams cost 0.4 ms of CPU per streamed generation where httpx (h11 over
-anyio) cost 1.2 ms (docs/performance.md). The session is the caller's when given
-(``create_app`` builds it next to the httpx client), else the backend's own, opened on the
-first generation and closed by ``close()``.
+Connections: generations (``/generate``, the hot path) go over one
+``proxy.stream_client.StreamClient``, which keeps a pool of keep-alive connections per worker
+for the life of the backend; every other call (``/health``, ``/server_info``, ``/workers``,
+``/abort_request``) over the caller's pooled ``httpx.AsyncClient``. Per streamed generation
+httpx (h11 over anyio) cost 1.2 ms of CPU, aiohttp 0.16-0.22 ms and the stream client
+0.06 ms (docs/performance.md). The stream client is the caller's when given (``create_app``
+builds it next to the httpx client), else the backend's own, closed by ``close()``.
 
 Workers: ``SGLangBackend`` takes one URL (a worker or an smg router, which does its own
 routing on the ``X-SMG-Routing-Key`` header) or a list of workers. ``connect`` tells a router
@@ -63,7 +62,6 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import aiohttp
 import httpx
 import numpy as np
 import orjson
@@ -80,6 +78,7 @@ from proxy.backend_wire import (
     spans,
 )
 from proxy.server_info import BackendLimits, ServerInfo, assess, parse_server_info
+from proxy.stream_client import BackendConnection, ConnectFailed, StreamBroken, StreamClient
 from proxy.tokens import TokenIds
 from recorder.records import RoutedExperts
 
@@ -167,15 +166,15 @@ class SGLangBackend:
         probe_timeout_s: float = 1.0,
         context_length: int = 2**31 - 1,
         require_experts: bool = False,
-        streams: aiohttp.ClientSession | None = None,
+        streams: StreamClient | None = None,
         read_timeout_s: float = 1800.0,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("SGLangBackend needs at least one URL")
         self._client = client
-        self._streams = streams
-        self._own_streams = streams is None  # then opened lazily here, and closed here
+        self._own_streams = streams is None  # then this backend's own, closed here
+        self._streams = streams if streams is not None else stream_client()
         self._read_timeout_s = read_timeout_s
         self._workers = {w.url: w for w in (_Worker(url) for url in urls)}
         self._experts = expert_shape
@@ -259,20 +258,14 @@ class SGLangBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._prober
             self._prober = None
-        if self._own_streams and self._streams is not None:
+        if self._own_streams:
             await self._streams.close()
-            self._streams = None
 
     async def __aenter__(self) -> SGLangBackend:
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
-
-    def _stream_session(self) -> aiohttp.ClientSession:
-        if self._streams is None:
-            self._streams = stream_session()
-        return self._streams
 
     async def _probe_forever(self) -> None:
         while True:
@@ -380,12 +373,12 @@ class SGLangBackend:
                 # Until the response starts: one timer per call (the stream has its own).
                 async with asyncio.timeout(self._read_timeout_s):
                     response = await self._send(worker, call)
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            except ConnectFailed as exc:
                 # Refused, unresolvable or timed out while connecting: nothing reached this
                 # worker, so the next one may take the turn without making it two
                 # generations.
                 self._mark(worker, False)
-                failures.append(f"{url}: {exc!r}")
+                failures.append(f"{url}: {exc.message}")
                 continue
             except TimeoutError as exc:
                 self._mark(worker, False)
@@ -393,9 +386,9 @@ class SGLangBackend:
                     f"the backend at {url} did not start its answer within "
                     f"{self._read_timeout_s:g} s"
                 ) from exc
-            except aiohttp.ClientError as exc:
+            except StreamBroken as exc:
                 self._mark(worker, False)
-                raise BackendUnavailable(f"backend unreachable at {url}: {exc!r}") from exc
+                raise BackendUnavailable(f"backend unreachable at {url}: {exc.message}") from exc
             self._inflight[call.rid] = worker
             try:
                 async for item in self._read(worker, response, call):
@@ -405,7 +398,7 @@ class SGLangBackend:
             return
         raise BackendUnavailable(f"no backend worker reachable: {'; '.join(failures)}")
 
-    async def _send(self, worker: _Worker, call: GenerateCall) -> aiohttp.ClientResponse:
+    async def _send(self, worker: _Worker, call: GenerateCall) -> BackendConnection:
         body: dict[str, object] = {
             "input_ids": call.input_ids.array
             if isinstance(call.input_ids, TokenIds)
@@ -418,15 +411,13 @@ class SGLangBackend:
         if call.routed_experts_start_len is not None and self._experts is not None:
             body["return_routed_experts"] = True
             body["routed_experts_start_len"] = call.routed_experts_start_len
-        headers = {ROUTING_KEY_HEADER: call.routing_key, "content-type": "application/json"}
-        return await self._stream_session().post(
-            f"{worker.url}/generate",
-            data=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
-            headers=headers,
+        headers = {ROUTING_KEY_HEADER: call.routing_key, "Content-Type": "application/json"}
+        return await self._streams.post(
+            f"{worker.url}/generate", orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), headers
         )
 
     async def _read(
-        self, worker: _Worker, response: aiohttp.ClientResponse, call: GenerateCall
+        self, worker: _Worker, response: BackendConnection, call: GenerateCall
     ) -> AsyncIterator[GenerationDelta | GenerationEnd]:
         finished = False
         silence = _Silence(response, self._read_timeout_s)
@@ -438,11 +429,10 @@ class SGLangBackend:
             framing = SseData()
             info = self._infos.get(worker.url)
             cumulative = info is not None and not info.incremental_streaming
-            content = response.content
             now = asyncio.get_running_loop().time
             while True:
                 silence.waiting = True
-                received = await content.readany()
+                received = await response.readany()
                 silence.waiting = False
                 if not received:
                     break
@@ -482,7 +472,15 @@ class SGLangBackend:
                         if end.type == "abort" and end.status_code is not None:
                             # SGLang's refusals and timeouts: an error, not a pause to resume.
                             raise refusal(str(end.message), int(end.status_code))
-                        finished = await self._drain(response)
+                        drained = await self._drain(response)
+                        # Nothing more is read: the connection is settled now, before the end
+                        # is yielded (a consumer that stops at the end never resumes this).
+                        finished = True
+                        silence.stop()
+                        if drained:
+                            response.release()  # read to its end: back to the pool
+                        else:
+                            response.close()
                         yield GenerationEnd(
                             finish=end,
                             weight_version=str(meta.get("weight_version", "default")),
@@ -500,35 +498,33 @@ class SGLangBackend:
             if silence.fired:
                 raise BackendError(silence.message(worker.url))
             raise BackendError("backend stream ended without a finish reason")
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (StreamBroken, TimeoutError) as exc:
             # The worker died under us: the harness retries, and the retry must not land
             # on the same worker before a probe has seen it answer again.
             if len(self._workers) > 1:
                 self._mark(worker, False)
             if silence.fired:
                 raise BackendError(silence.message(worker.url)) from exc
-            raise BackendError(f"backend stream from {worker.url} broke: {exc!r}") from exc
+            reason = exc.message if isinstance(exc, StreamBroken) else repr(exc)
+            raise BackendError(f"backend stream from {worker.url} broke: {reason}") from exc
         finally:
             silence.stop()
-            if finished:
-                response.release()  # read to its end: the connection goes back to the pool
-            else:
+            if not finished:
                 response.close()  # cut short (an error, a disconnect): drop the connection
 
-    async def _drain(self, response: aiohttp.ClientResponse) -> bool:
+    async def _drain(self, response: BackendConnection) -> bool:
         """Reads what follows the finish chunk (``data: [DONE]`` and the end of the chunked
         body) so the connection can go back to the pool: one released before its body
         ends cannot, and the next turn would pay a new TCP connect. Bounded, so a backend
         that keeps the stream open after its finish costs a connection, never a turn.
         True when the body was read to its end. The tail usually came with the finish
         chunk: then it is taken as it is, with no timer armed."""
-        content = response.content
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            content.read_nowait()
-            if content.at_eof():
+        with contextlib.suppress(StreamBroken, TimeoutError):
+            response.read_nowait()
+            if response.complete:
                 return True
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
-                async for _ in content.iter_any():
+                while await response.readany():
                     pass
                 return True
         return False
@@ -585,13 +581,13 @@ def decode_experts(encoded: object, shape: ExpertShape | None, start: int) -> Ro
 
 class _Silence:
     """Fails a generation whose stream sends nothing for ``limit_s`` while the proxy waits
-    on it, with one timer per ``limit_s`` rather than one per read (aiohttp's ``sock_read``
-    cancels and re-arms a timer at every read). A proxy that is not reading (its harness
+    on it, with one timer per ``limit_s`` rather than one per read (a read timeout cancels
+    and re-arms a timer at every read). A proxy that is not reading (its harness
     stopped reading) is not waiting: that is no silence of the backend's."""
 
     __slots__ = ("_handle", "_limit_s", "_loop", "_response", "fired", "last", "waiting")
 
-    def __init__(self, response: aiohttp.ClientResponse, limit_s: float) -> None:
+    def __init__(self, response: BackendConnection, limit_s: float) -> None:
         self._loop = asyncio.get_running_loop()
         self._response = response
         self._limit_s = limit_s
@@ -616,18 +612,11 @@ class _Silence:
         self._handle.cancel()
 
 
-def stream_session() -> aiohttp.ClientSession:
-    """The session generations stream over: unbounded connections (one per concurrent
-    generation, as SGLang serves them), kept alive between turns; a connect that takes
-    over ``CONNECT_TIMEOUT_S`` fails (the turn moves to the next worker). A silent stream
-    is ``SGLangBackend``'s to time out (``_Silence``): aiohttp's ``sock_read`` re-arms a
-    timer at every read. Call from a running event loop."""
-    return aiohttp.ClientSession(
-        # An idle connection is let go before SGLang's uvicorn closes it (its keep-alive
-        # timeout is 5 s), so a turn never starts on one the server is closing.
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=None),
-        # Token ids and SSE: nothing to gain from compression, only CPU to spend.
-        auto_decompress=False,
-        skip_auto_headers=("Accept-Encoding", "User-Agent"),
-    )
+def stream_client() -> StreamClient:
+    """The client generations stream over: connections kept alive between turns, as many
+    as there are concurrent generations (SGLang serves each on its own); a connect that takes
+    over ``CONNECT_TIMEOUT_S`` fails (the turn moves to the next worker). An idle connection
+    is let go before SGLang's uvicorn closes it (its keep-alive timeout is 5 s), so a turn
+    never starts on one the server is closing. A silent stream is ``SGLangBackend``'s to
+    time out (``_Silence``)."""
+    return StreamClient(connect_timeout_s=CONNECT_TIMEOUT_S, keepalive_s=KEEPALIVE_S)

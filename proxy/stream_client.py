@@ -1,0 +1,338 @@
+"""HTTP/1.1 client for the hot path's one call: ``POST /generate`` and its streamed answer.
+
+Owns: a keep-alive pool of TCP (or TLS) connections per worker for the life of the app;
+writing a POST, head and body, in one write; reading the answer as it arrives (status and
+headers first, then the body's bytes, chunked or sized) through httptools' parser (llhttp,
+the one uvicorn serves with), with reading paused while more than ``BUFFER_LIMIT`` bytes
+wait unread, so a harness that stops reading cannot make the proxy buffer a whole answer.
+
+Why not aiohttp, which served this call before: at one turn in flight its request building
+(header multidicts, payload registry, cookie filtering, the stream reader) cost 0.16-0.22 ms
+of CPU per streamed generation, this client 0.06 ms (``docs/performance.md``). The rare calls
+(``/health``, ``/server_info``, ``/abort_request``) stay on the caller's httpx client.
+
+Contract:
+- ``StreamClient.post`` returns the connection carrying the answer once its status line and
+  headers arrived. It raises ``ConnectFailed`` when no connection could be opened (refused,
+  unresolvable, or not within ``connect_timeout_s``): nothing was sent, so another worker
+  may take the call; ``StreamBroken`` when the connection failed after the request was
+  written. Cancelled while waiting, it closes the connection (the server sees the request's
+  client go away).
+- ``BackendConnection.readany`` returns the body bytes that arrived since the last read,
+  waiting for some; ``b""`` once the body has ended. It raises ``StreamBroken`` when the
+  connection ends, or is closed by ``close``, before the body does; bytes that came first
+  are returned first.
+- ``release`` puts a connection whose answer was read to its end (and that the server keeps
+  alive) back in the pool; anything else is closed. ``close`` always closes. Both may be
+  called more than once.
+- A connection idle in the pool for ``keepalive_s`` is never reused (close it before the
+  server's own keep-alive timeout can close it under a new request); one the server closed
+  leaves the pool at once. ``StreamClient.close`` closes every connection, in use or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+from kernel.errors import BackendError, BackendUnavailable
+
+BUFFER_LIMIT = 1 << 18  # unread body bytes past which the socket is not read
+ERROR_BODY_LIMIT = 1 << 20  # of a non-200 answer, what ``read`` keeps (the message is first)
+
+
+class ConnectFailed(BackendUnavailable):
+    """No connection to the worker could be opened: nothing of the request was sent."""
+
+
+class StreamBroken(BackendError):
+    """The connection failed (or was closed) after the request was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """Where a URL's requests go, and the request line and ``Host`` header they carry."""
+
+    key: str  # scheme://host:port: the pool a connection belongs to
+    host: str
+    port: int
+    tls: bool
+    head: bytes  # "POST <path> HTTP/1.1\r\nHost: ...\r\n"
+
+    @classmethod
+    def of(cls, url: str) -> _Origin:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        path = parts.path or "/"
+        if parts.query:
+            path += f"?{parts.query}"
+        host = parts.netloc.rpartition("@")[2]  # never the URL's credentials
+        return cls(
+            key=f"{parts.scheme}://{parts.hostname}:{port}",
+            host=parts.hostname,
+            port=port,
+            tls=tls,
+            head=f"POST {path} HTTP/1.1\r\nHost: {host}\r\n".encode("ascii"),
+        )
+
+
+class BackendConnection(asyncio.Protocol):
+    """One connection to a worker, and the answer it is reading (one at a time)."""
+
+    def __init__(self, client: StreamClient, origin: _Origin) -> None:
+        self._client = client
+        self.origin = origin
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._body: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._failure: StreamBroken | None = None
+        self._sized = False  # the answer says where its body ends (length or chunks)
+        self._closed = False
+        self._keep_alive = False
+        self.status = 0
+        self.headers_done = False
+        self.complete = False  # the answer's body has ended
+        self.idle_since = 0.0
+
+    # -- asyncio's side ---------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(f"the answer from {self.origin.key} is not valid HTTP/1.1: {exc}")
+            self.close()
+            return
+        if self._buffered > BUFFER_LIMIT and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._client.forget(self)
+        if self.headers_done and not self._sized and not self.complete:
+            self.complete = True  # an answer without length or chunks ends with its connection
+        elif not self.complete:
+            reason = f": {exc!r}" if exc is not None else ""
+            self._fail(f"the connection to {self.origin.key} closed mid-answer{reason}")
+        self._wake()
+
+    # -- httptools' callbacks -----------------------------------------------------
+    def on_header(self, name: bytes, _value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._sized = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.headers_done = True
+        if self.status in (204, 304) or 100 <= self.status < 200:
+            self._sized = True  # no body follows
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        # Asked now: llhttp forgets the answer's flags once the next message starts.
+        self._keep_alive = self._parser.should_keep_alive()
+
+    # -- the caller's side --------------------------------------------------------
+    def send(self, head: bytes, body: bytes) -> None:
+        """Start an exchange on this (fresh or pooled) connection."""
+        assert self._transport is not None
+        if self._closed:  # the pool keeps no closed connection: never wait on one
+            raise StreamBroken(f"the connection to {self.origin.key} is closed")
+        self.status = 0
+        self.headers_done = self.complete = self._sized = self._keep_alive = False
+        self._transport.write(head + body)
+
+    async def wait_headers(self) -> None:
+        while not self.headers_done:
+            if self._failure is not None:
+                raise self._failure
+            await self._wait()
+
+    async def readany(self) -> bytes:
+        while not self._body:
+            if self.complete:
+                return b""
+            if self._failure is not None:
+                raise self._failure
+            await self._wait()
+        return self.read_nowait()
+
+    def read_nowait(self) -> bytes:
+        """The body bytes already here (maybe none)."""
+        body = self._body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._buffered = 0
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+        return data
+
+    async def read(self) -> bytes:
+        """The whole body (of an error answer: its first ``ERROR_BODY_LIMIT`` bytes)."""
+        parts: list[bytes] = []
+        kept = 0
+        while kept < ERROR_BODY_LIMIT:
+            data = await self.readany()
+            if not data:
+                break
+            parts.append(data)
+            kept += len(data)
+        return b"".join(parts)[:ERROR_BODY_LIMIT]
+
+    def release(self) -> None:
+        """Back to the pool when its answer was read to the end and the server keeps it
+        alive; closed otherwise."""
+        if self._closed:
+            return
+        if self.complete and self._keep_alive and self._failure is None:
+            self._body.clear()
+            self._buffered = 0
+            self._client.put_back(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        """Drop the connection; a read waiting on it fails at once."""
+        if not self.complete:
+            self._fail(f"the connection to {self.origin.key} was closed by the proxy")
+        if not self._closed:
+            self._closed = True
+            self._client.forget(self)
+            if self._transport is not None:
+                self._transport.close()
+        self._wake()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- internals ----------------------------------------------------------------
+    def _fail(self, message: str) -> None:
+        if self._failure is None:
+            self._failure = StreamBroken(message)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
+class StreamClient:
+    """Pooled keep-alive connections to the backend's workers (see the module docstring)."""
+
+    def __init__(self, *, connect_timeout_s: float = 5.0, keepalive_s: float = 4.0) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self._keepalive_s = keepalive_s
+        self._origins: dict[str, _Origin] = {}
+        self._idle: dict[str, list[BackendConnection]] = {}  # origin key -> newest last
+        self._open: set[BackendConnection] = set()
+        self._tls: ssl.SSLContext | None = None
+        self._closed = False
+        self.opened = 0  # connections ever opened: what a pooled client keeps low
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> BackendConnection:
+        if self._closed:
+            raise BackendUnavailable("the backend's stream client is closed")
+        origin = self._origins.get(url)
+        if origin is None:
+            origin = self._origins[url] = _Origin.of(url)
+        head = origin.head + _header_lines(headers, len(body))
+        connection = self._pooled(origin.key) or await self._connect(origin)
+        try:
+            connection.send(head, body)
+            await connection.wait_headers()
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    async def close(self) -> None:
+        self._closed = True
+        for connection in list(self._open):
+            connection.close()
+        self._idle.clear()
+
+    def _pooled(self, key: str) -> BackendConnection | None:
+        idle = self._idle.get(key)
+        if not idle:
+            return None
+        connection = idle.pop()
+        if asyncio.get_running_loop().time() - connection.idle_since < self._keepalive_s:
+            return connection
+        # The newest has idled too long, so have the older ones: the server may close them.
+        for stale in (*idle, connection):
+            stale.close()
+        idle.clear()
+        return None
+
+    async def _connect(self, origin: _Origin) -> BackendConnection:
+        loop = asyncio.get_running_loop()
+        tls: ssl.SSLContext | None = None
+        if origin.tls:
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, connection = await loop.create_connection(
+                    lambda: BackendConnection(self, origin), origin.host, origin.port, ssl=tls
+                )
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            raise ConnectFailed(f"cannot connect to {origin.key}: {exc!r}") from exc
+        self.opened += 1
+        self._open.add(connection)
+        return connection
+
+    def put_back(self, connection: BackendConnection) -> None:
+        """A connection whose answer was read to its end: idle, ready for the next."""
+        if self._closed:
+            connection.close()
+            return
+        connection.idle_since = asyncio.get_running_loop().time()
+        self._idle.setdefault(connection.origin.key, []).append(connection)
+
+    def forget(self, connection: BackendConnection) -> None:
+        """A connection that closed: out of the pool."""
+        self._open.discard(connection)
+        idle = self._idle.get(connection.origin.key)
+        if idle and connection in idle:
+            idle.remove(connection)
+
+
+def _header_lines(headers: Mapping[str, str], length: int) -> bytes:
+    lines = [f"Content-Length: {length}\r\n"]
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
+            raise ValueError(f"header {name!r} cannot be sent: it holds a line break")
+        lines.append(f"{name}: {value}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1")

@@ -1,0 +1,269 @@
+"""The hot path's HTTP/1.1 client (``proxy.stream_client``) against raw loopback servers
+that answer exactly as scripted: chunked and sized bodies, keep-alive reuse and its
+limits, a connection lost mid-answer, back-pressure on a reader that stops reading, and
+the errors a caller tells apart (nothing sent, or broken after sending)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from kernel.errors import BackendUnavailable
+from proxy.stream_client import BUFFER_LIMIT, ConnectFailed, StreamBroken, StreamClient
+
+Answer = Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
+HEADERS = {"Content-Type": "application/json", "X-SMG-Routing-Key": "s"}
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+class Server:
+    """Loopback server: every request on every connection is answered by ``answer``
+    (given the request's head and body); it returns whether the connection stays open."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.url = ""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                body = await reader.readexactly(length)
+                self.requests.append(head + body)
+                if not await self.answer(head, reader, writer):
+                    return
+        finally:
+            writer.close()
+
+
+@asynccontextmanager
+async def serving(answer: Answer) -> AsyncIterator[Server]:
+    server = Server(answer)
+    listener = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+    server.url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    try:
+        yield server
+    finally:
+        listener.close()
+
+
+async def streamed(
+    _head: bytes, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> bool:
+    writer.write(CHUNKED + chunk(b"data: one\n\n"))
+    await writer.drain()
+    await asyncio.sleep(0.01)
+    writer.write(chunk(b"data: two\n\n") + b"0\r\n\r\n")
+    await writer.drain()
+    return True
+
+
+async def read_all(client: StreamClient, url: str) -> tuple[int, bytes]:
+    response = await client.post(f"{url}/generate", b'{"x": 1}', HEADERS)
+    parts = []
+    while data := await response.readany():
+        parts.append(data)
+    status = response.status
+    response.release()
+    return status, b"".join(parts)
+
+
+async def test_a_chunked_stream_is_read_as_it_comes_and_its_connection_reused() -> None:
+    async with serving(streamed) as server:
+        client = StreamClient()
+        for _ in range(5):
+            assert await read_all(client, server.url) == (200, b"data: one\n\ndata: two\n\n")
+        await client.close()
+    assert server.connections == 1
+    assert client.opened == 1
+    request = server.requests[0]
+    assert request.startswith(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert b"\r\nContent-Length: 8\r\n" in request
+    assert b"\r\nX-SMG-Routing-Key: s\r\n" in request
+    assert request.endswith(b'\r\n\r\n{"x": 1}')
+
+
+async def test_a_sized_error_answer_is_read_whole() -> None:
+    async def refuse(_head: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        body = b'{"error": {"message": "too long", "code": 400}}'
+        writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        return True
+
+    async with serving(refuse) as server:
+        client = StreamClient()
+        response = await client.post(f"{server.url}/generate", b"{}", HEADERS)
+        assert response.status == 400
+        assert await response.read() == b'{"error": {"message": "too long", "code": 400}}'
+        await client.close()
+
+
+async def test_an_answer_without_length_ends_with_its_connection_which_is_not_reused() -> None:
+    async def until_close(
+        _head: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it")
+        await writer.drain()
+        return False  # closes: the end of the body
+
+    async with serving(until_close) as server:
+        client = StreamClient()
+        assert await read_all(client, server.url) == (200, b"all of it")
+        assert await read_all(client, server.url) == (200, b"all of it")
+        await client.close()
+    assert server.connections == 2
+
+
+async def test_a_connection_lost_mid_answer_breaks_the_stream_after_what_came() -> None:
+    async def dies(_head: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(CHUNKED + chunk(b"data: one\n\n"))
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        return False
+
+    async with serving(dies) as server:
+        client = StreamClient()
+        response = await client.post(f"{server.url}/generate", b"{}", HEADERS)
+        assert await response.readany() == b"data: one\n\n"
+        with pytest.raises(StreamBroken, match="closed mid-answer"):
+            await response.readany()
+        response.release()  # not read to its end: closed, never pooled
+        assert response.closed
+        await client.close()
+
+
+async def test_a_connection_closed_before_its_headers_is_a_broken_stream() -> None:
+    async def hangs_up(_head: bytes, _r: asyncio.StreamReader, _w: asyncio.StreamWriter) -> bool:
+        return False
+
+    async with serving(hangs_up) as server:
+        client = StreamClient()
+        with pytest.raises(StreamBroken):
+            await client.post(f"{server.url}/generate", b"{}", HEADERS)
+        await client.close()
+
+
+async def test_a_refused_connect_says_nothing_was_sent() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, never listening: refused
+        client = StreamClient()
+        with pytest.raises(ConnectFailed, match="cannot connect"):
+            await client.post(f"http://127.0.0.1:{port}/generate", b"{}", HEADERS)
+        await client.close()
+
+
+async def test_a_connection_idle_past_the_keepalive_is_not_reused() -> None:
+    async with serving(streamed) as server:
+        client = StreamClient(keepalive_s=0.05)
+        await read_all(client, server.url)
+        await read_all(client, server.url)  # at once: reused
+        assert server.connections == 1
+        await asyncio.sleep(0.1)
+        await read_all(client, server.url)  # idled too long: a new one
+        await client.close()
+    assert server.connections == 2
+
+
+async def test_a_pooled_connection_the_server_closed_leaves_the_pool() -> None:
+    async def once(head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        await streamed(head, reader, writer)
+        return False  # a keep-alive answer, then the server closes while it idles
+
+    async with serving(once) as server:
+        client = StreamClient()
+        await read_all(client, server.url)
+        await asyncio.sleep(0.05)  # the close reaches the client
+        async with asyncio.timeout(5.0):
+            assert await read_all(client, server.url) == (200, b"data: one\n\ndata: two\n\n")
+        await client.close()
+    assert server.connections == 2
+
+
+async def test_a_reader_that_stops_reading_pauses_the_socket() -> None:
+    block = b"x" * 65536
+    sent = asyncio.Event()
+
+    async def flood(_head: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(CHUNKED)
+        try:
+            async with asyncio.timeout(1.0):
+                for _ in range(1000):  # 64 MiB, far past any socket buffer
+                    writer.write(chunk(block))
+                    await writer.drain()
+        except TimeoutError:
+            sent.set()  # the writer blocked: the client stopped reading
+            return False
+        return True
+
+    async with serving(flood) as server:
+        client = StreamClient()
+        response = await client.post(f"{server.url}/generate", b"{}", HEADERS)
+        await asyncio.wait_for(sent.wait(), 5.0)
+        held = response.read_nowait()
+        assert BUFFER_LIMIT < len(held) < BUFFER_LIMIT + 4 * len(block) + 65536
+        assert await response.readany()  # reading again resumes the socket
+        response.close()
+        await client.close()
+
+
+async def test_close_fails_a_read_waiting_on_the_connection() -> None:
+    release = asyncio.Event()
+
+    async def silent(_head: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(CHUNKED)
+        await writer.drain()
+        await release.wait()
+        return False
+
+    async with serving(silent) as server:
+        client = StreamClient()
+        response = await client.post(f"{server.url}/generate", b"{}", HEADERS)
+        reading = asyncio.create_task(response.readany())
+        await asyncio.sleep(0.01)
+        response.close()
+        with pytest.raises(StreamBroken, match="closed by the proxy"):
+            await reading
+        release.set()
+        await client.close()
+
+
+async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -> None:
+    async with serving(streamed) as server:
+        client = StreamClient()
+        with pytest.raises(ValueError, match="line break"):
+            await client.post(
+                f"{server.url}/generate", b"{}", {"X-SMG-Routing-Key": "s\r\nX-Evil: 1"}
+            )
+        await client.close()
+    assert server.requests == []
+
+
+async def test_a_closed_client_refuses_new_calls() -> None:
+    client = StreamClient()
+    await client.close()
+    with pytest.raises(BackendUnavailable, match="closed"):
+        await client.post("http://127.0.0.1:9/generate", b"{}", HEADERS)
