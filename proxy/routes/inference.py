@@ -46,7 +46,7 @@ from kernel.errors import LegoError, Overloaded, PayloadTooLarge
 from proxy.adapters.anthropic_messages import AnthropicMessagesAdapter, count_tokens_response
 from proxy.adapters.base import Adapter, StreamState
 from proxy.adapters.openai_responses import OpenAIResponsesAdapter
-from proxy.canonical import AssistantTurn, ChatRequest, OutputEvent, collect
+from proxy.canonical import AssistantTurn, ChatRequest, collect
 from proxy.openapi import json_body
 from proxy.pipeline import PreparedTurn
 from proxy.routes.event_pump import EventPump, Events
@@ -62,6 +62,8 @@ PING_INTERVAL_S = 5.0
 # How long an unstreamed turn whose harness hung up waits for the backend to end its aborted
 # generation (SGLang: at its next step) before it is cancelled where it waits.
 ABANDONED_TURN_WAIT_S = 2.0
+# How long an unstreamed turn runs before its connection is watched for a hang-up.
+WATCH_AFTER_S = 0.05
 
 # Route-layer IO that completes a parsed request (e.g. ``previous_response_id``).
 Resolver = Callable[[AppState, SessionInfo, ChatRequest], Awaitable[ChatRequest]]
@@ -252,26 +254,42 @@ async def _collect_unless_disconnected(
     """The turn's answer, or None when the harness hung up first. Then ``abandon`` aborts
     the generation and the turn ends with everything the backend sampled (its record is
     whole), or, when it is not generating or its backend does not end it within
-    ``ABANDONED_TURN_WAIT_S``, the turn is cancelled where it waits."""
+    ``ABANDONED_TURN_WAIT_S``, the turn is cancelled where it waits.
 
-    async def gather() -> list[OutputEvent]:
-        return [event async for event in events]
+    The turn runs in this task. The connection is watched (a task waiting on ``receive``)
+    only once the turn has run ``WATCH_AFTER_S``: most unstreamed turns end sooner, and a
+    watcher and its cancellation cost more CPU than the rest of the route's work; a hang-up
+    is then noticed at most that much later."""
+    task = asyncio.current_task()
+    assert task is not None
+    hung_up = False
+    watcher: asyncio.Task[None] | None = None
 
-    work = asyncio.ensure_future(gather())
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
-    try:
-        done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if work in done:
-        return collect(work.result())
-    try:
+    async def watch() -> None:
+        nonlocal hung_up
+        await _wait_disconnect(receive)
+        hung_up = True
         if abandon():
-            await asyncio.wait({work}, timeout=ABANDONED_TURN_WAIT_S)
+            # Aborted: the turn ends by itself with what was sampled, unless it takes long.
+            await asyncio.sleep(ABANDONED_TURN_WAIT_S)
+        task.cancel()
+
+    def start_watching() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(watch())
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watching)
+    try:
+        answer = [event async for event in events]
+    except asyncio.CancelledError:
+        if hung_up and task.uncancel() == 0:
+            return None  # the watcher's own cancellation: the harness is gone
+        raise
     finally:
-        work.cancel()  # a no-op once it has ended
-        await asyncio.gather(work, return_exceptions=True)
-    return None
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
+    return None if hung_up else collect(answer)
 
 
 async def _frames(

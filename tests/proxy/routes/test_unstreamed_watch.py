@@ -1,0 +1,101 @@
+"""An unstreamed turn watches its connection only once it has run ``WATCH_AFTER_S``
+(``proxy.routes.inference._collect_unless_disconnected``): a short turn never reads the
+connection; a hang-up during a longer one abandons the turn (it ends with what it sampled),
+or cancels it where it waits when it cannot be abandoned, and the route's own task is left
+as it was (no cancellation leaks to the server)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+import pytest
+from starlette.types import Message
+
+from proxy.canonical import FinishReason, OutputEvent, TextDelta, TurnFinished, Usage
+from proxy.routes import inference
+from proxy.routes.inference import _collect_unless_disconnected
+
+FINISHED = TurnFinished("t", FinishReason.STOP, Usage(3, 1))
+
+
+async def turn(delay_s: float, log: list[str]) -> AsyncGenerator[OutputEvent, None]:
+    try:
+        await asyncio.sleep(delay_s)
+        yield TextDelta("hi")
+        yield FINISHED
+        log.append("ended")
+    except asyncio.CancelledError:
+        log.append("cancelled")
+        raise
+
+
+async def no_receive() -> Message:
+    raise AssertionError("a short turn must not read its connection")
+
+
+async def hang_up_after(delay_s: float) -> Message:
+    await asyncio.sleep(delay_s)
+    return {"type": "http.disconnect"}
+
+
+async def test_a_short_turn_never_reads_its_connection() -> None:
+    log: list[str] = []
+    answer = await _collect_unless_disconnected(no_receive, turn(0.0, log), lambda: True)
+    assert answer is not None
+    assert answer.message.content == "hi"
+    await asyncio.sleep(inference.WATCH_AFTER_S * 2)  # no watcher starts afterwards either
+    assert log == ["ended"]
+
+
+async def test_a_long_turn_still_answers_when_its_harness_stays() -> None:
+    async def stays() -> Message:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    log: list[str] = []
+    answer = await _collect_unless_disconnected(stays, turn(0.2, log), lambda: True)
+    assert answer is not None
+    assert answer.finish_reason is FinishReason.STOP
+
+
+async def test_a_hang_up_abandons_a_generating_turn_which_ends_by_itself() -> None:
+    log: list[str] = []
+    abandoned: list[bool] = []
+
+    def abandon() -> bool:
+        abandoned.append(True)
+        return True  # the backend ends the aborted generation (here: its 0.2 s sleep)
+
+    answer = await _collect_unless_disconnected(lambda: hang_up_after(0.0), turn(0.2, log), abandon)
+    assert answer is None
+    assert abandoned == [True]
+    assert log == ["ended"]  # not cancelled: the turn ended with everything it sampled
+
+
+async def test_a_turn_that_cannot_be_abandoned_is_cancelled_and_the_task_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(inference, "ABANDONED_TURN_WAIT_S", 0.05)
+    log: list[str] = []
+    task = asyncio.current_task()
+    assert task is not None
+    answer = await _collect_unless_disconnected(
+        lambda: hang_up_after(0.0), turn(10.0, log), lambda: False
+    )
+    assert answer is None
+    assert log == ["cancelled"]
+    assert task.cancelling() == 0  # the watcher's cancel was taken back
+    await asyncio.sleep(0)  # and the task goes on
+
+
+async def test_a_cancel_from_outside_is_not_swallowed() -> None:
+    log: list[str] = []
+    collecting = asyncio.ensure_future(
+        _collect_unless_disconnected(no_receive, turn(10.0, log), lambda: True)
+    )
+    await asyncio.sleep(0.01)
+    collecting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await collecting
+    assert log == ["cancelled"]
