@@ -221,6 +221,8 @@ class SGLangBackend:
         order, then the ones believed down (a stale belief must not refuse every turn).
         A worker found incompatible, or taken out of rotation, is never tried (unless that
         leaves none: then every worker is, so a stale exclusion cannot stop all turns)."""
+        if len(self._workers) == 1:
+            return list(self._workers)  # what the ranking gives one worker, without hashing
         usable = [
             u
             for u, w in self._workers.items()

@@ -446,7 +446,8 @@ class Pipeline:
         error: str | None,
         answer: Message | None = None,
     ) -> TurnRecord:
-        """The turn's record, counted in the metrics; the caller hands it to the writer.
+        """The turn's record, counted in the metrics (a completed turn's just after the
+        caller's step, as its answer goes out); the caller hands it to the writer.
         ``plan`` is what the ledger committed (a root that raced another first turn may be
         settled), else the turn's own; ``answer`` the parsed answer when already built."""
         end = progress.end
@@ -490,7 +491,17 @@ class Pipeline:
                 backend_s=progress.backend_s,
             ),
         )
-        adapter = turn.request.adapter
+        if status is TurnStatus.COMPLETED:
+            # Counted once the answer is on its way: the counting is none of its latency.
+            asyncio.get_running_loop().call_soon(self._count, record)
+        else:
+            self._count(record)
+        return record
+
+    def _count(self, record: TurnRecord) -> None:
+        """The turn in the metrics (``_record``'s, for the record it built)."""
+        adapter = record.adapter
+        timings = record.timings
         metrics = self._metrics
         metrics.child(
             metrics.ledger,
@@ -503,18 +514,18 @@ class Pipeline:
             metrics.child(
                 metrics.ledger_relabels, was="root", classification="fork", reason="side_request"
             ).inc()
-        metrics.child(metrics.turns, adapter=adapter, status=status.value).inc()
-        metrics.child(metrics.turn_duration, adapter=adapter).observe(now)
+        metrics.child(metrics.turns, adapter=adapter, status=record.status.value).inc()
+        finished_s = timings.finished_s or 0.0  # the pipeline's records always carry both
+        metrics.child(metrics.turn_duration, adapter=adapter).observe(finished_s)
         metrics.child(metrics.added_latency, adapter=adapter).observe(
-            max(0.0, now - progress.backend_s)
+            max(0.0, finished_s - (timings.backend_s or 0.0))
         )
-        if progress.first_token_s is not None:
-            metrics.child(metrics.ttft, adapter=adapter).observe(progress.first_token_s)
-        self._metrics.prompt_tokens.inc(len(turn.prompt_ids))
-        self._metrics.completion_tokens.inc(len(progress.output_ids))
-        if parser.malformed_tool_calls:
-            self._metrics.malformed_tool_calls.inc(parser.malformed_tool_calls)
-        return record
+        if timings.first_token_s is not None:
+            metrics.child(metrics.ttft, adapter=adapter).observe(timings.first_token_s)
+        metrics.prompt_tokens.inc(len(record.prompt_ids))
+        metrics.completion_tokens.inc(len(record.output_ids))
+        if record.malformed_tool_calls:
+            metrics.malformed_tool_calls.inc(record.malformed_tool_calls)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
