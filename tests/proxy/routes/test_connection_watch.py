@@ -1,8 +1,9 @@
-"""An unstreamed turn watches its connection only once it has run ``WATCH_AFTER_S``
-(``proxy.routes.inference._collect_unless_disconnected``): a short turn never reads the
+"""How a turn watches its connection (``proxy.routes.inference``). An unstreamed turn
+watches it only once it has run ``WATCH_AFTER_S``: a short turn never reads the
 connection; a hang-up during a longer one abandons the turn (it ends with what it sampled),
 or cancels it where it waits when it cannot be abandoned, and the route's own task is left
-as it was (no cancellation leaks to the server)."""
+as it was (no cancellation leaks to the server). A stream waiting on the model ends as soon
+as its harness hangs up."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from starlette.types import Message
 
 from proxy.canonical import FinishReason, OutputEvent, TextDelta, TurnFinished, Usage
 from proxy.routes import inference
-from proxy.routes.inference import _collect_unless_disconnected
+from proxy.routes.inference import EventStream, _collect_unless_disconnected
 
 FINISHED = TurnFinished("t", FinishReason.STOP, Usage(3, 1))
 
@@ -99,3 +100,22 @@ async def test_a_cancel_from_outside_is_not_swallowed() -> None:
     with pytest.raises(asyncio.CancelledError):
         await collecting
     assert log == ["cancelled"]
+
+
+async def test_a_stream_waiting_on_the_model_ends_when_its_harness_hangs_up() -> None:
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    async def send(_message: Message) -> None:
+        pass
+
+    async def frames(gone: asyncio.Future[None]) -> AsyncGenerator[bytes, None]:
+        yield b": waiting\n\n"
+        await gone  # the model is slow; the hang-up ends the wait
+        yield b"data: never sent to anyone\n\n"
+
+    async def abandon() -> None:
+        pass
+
+    async with asyncio.timeout(1.0):
+        await EventStream(frames, abandon)({"type": "http"}, receive, send)
