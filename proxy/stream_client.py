@@ -249,13 +249,19 @@ class BackendConnection(asyncio.Protocol):
 class StreamClient:
     """Pooled keep-alive connections to the backend's workers (see the module docstring)."""
 
-    def __init__(self, *, connect_timeout_s: float = 5.0, keepalive_s: float = 4.0) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = 5.0,
+        keepalive_s: float = 4.0,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
         self._origins: dict[str, _Origin] = {}
         self._idle: dict[str, list[BackendConnection]] = {}  # origin key -> newest last
         self._open: set[BackendConnection] = set()
-        self._tls: ssl.SSLContext | None = None
+        self._tls = tls  # what an https worker is verified with; None: the system's CAs
         self._closed = False
         self.opened = 0  # connections ever opened: what a pooled client keeps low
 

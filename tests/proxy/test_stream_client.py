@@ -6,9 +6,13 @@ the errors a caller tells apart (nothing sent, or broken after sending)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
@@ -267,3 +271,54 @@ async def test_a_closed_client_refuses_new_calls() -> None:
     await client.close()
     with pytest.raises(BackendUnavailable, match="closed"):
         await client.post("http://127.0.0.1:9/generate", b"{}", HEADERS)
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            *subject,
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def test_an_https_worker_is_verified_and_streamed_from(
+    certificate: tuple[Path, Path],
+) -> None:
+    cert, key = certificate
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    server = Server(streamed)
+    listener = await asyncio.start_server(server.serve, "127.0.0.1", 0, ssl=served)
+    url = f"https://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    try:
+        trusting = StreamClient(tls=ssl.create_default_context(cafile=str(cert)))
+        assert await read_all(trusting, url) == (200, b"data: one\n\ndata: two\n\n")
+        await trusting.close()
+        stranger = StreamClient()  # the system's CAs: the self-signed worker is refused
+        with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
+            await stranger.post(f"{url}/generate", b"{}", HEADERS)
+        await stranger.close()
+    finally:
+        listener.close()
