@@ -72,8 +72,10 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "no-journal": ((), {"LEGO_JOURNAL": "false"}),
     "workers-2": (("--workers", "2"), {}),
     "workers-4": (("--workers", "4"), {}),
-    # Unstreamed harness turns read a chunk a token, not every 16 (run it without --stream).
+    # Unstreamed harness turns read a chunk every N tokens, not every 64 (without --stream).
     "chunks-1": ((), {"LEGO_UNSTREAMED_CHUNK_TOKENS": "1"}),
+    "chunks-16": ((), {"LEGO_UNSTREAMED_CHUNK_TOKENS": "16"}),
+    "chunks-256": ((), {"LEGO_UNSTREAMED_CHUNK_TOKENS": "256"}),
 }
 BASELINE = "baseline"  # the default variant, from the checkout --baseline names
 REPLY_TOKENS = 16  # max_new_tokens of every turn unless --reply-tokens says otherwise

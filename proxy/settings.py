@@ -102,7 +102,7 @@ class Settings(BaseSettings):
         default=8, description="transparent re-sends of a generation after a pause-abort"
     )
     unstreamed_chunk_tokens: int = Field(
-        default=16,
+        default=64,
         ge=1,
         description="N > 1: a turn the harness does not stream asks SGLang for a chunk every "
         "N tokens (sampling_params.stream_interval; SGLang sends the first token at once): "

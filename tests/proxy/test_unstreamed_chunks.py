@@ -1,4 +1,4 @@
-"""``LEGO_UNSTREAMED_CHUNK_TOKENS`` (16 by default): a turn the harness does not stream asks
+"""``LEGO_UNSTREAMED_CHUNK_TOKENS`` (64 by default): a turn the harness does not stream asks
 the backend for a chunk every N tokens (SGLang's ``sampling_params.stream_interval``; SGLang
 0.5.23 sends the first token at once, then a chunk whenever N tokens are unsent), so the
 proxy reads N times fewer chunks, times the first token as before, and records exactly what
@@ -121,8 +121,8 @@ def test_unstreamed_turns_are_chunked_by_default_and_one_restores_a_chunk_a_toke
         answer(proxy, stream=False)
         (per_token,) = paced_tap.generates
         assert proxy.metric_total(TTFT) == before + 1
-    assert default.body["sampling_params"]["stream_interval"] == 16
-    assert len(default.chunks) == 4
+    assert default.body["sampling_params"]["stream_interval"] == 64
+    assert len(default.chunks) == 2  # the first token at once, then the 48-token finish
     assert "stream_interval" not in per_token.body["sampling_params"]
     assert len(per_token.chunks) > REPLY_TOKENS // 2
 
