@@ -229,7 +229,7 @@ async def handle_turn(
                 raise
             metrics.child(metrics.requests, adapter=adapter.name, status="200").inc()
             return EventStream(lambda gone: _frames(adapter, prepared, pump, gone), pump.cancel)
-        turn = await _collect_unless_disconnected(
+        turn = await collect_unless_disconnected(
             request.receive, events, lambda: state.pipeline.abandon(prepared.turn_id)
         )
         if turn is None:
@@ -248,7 +248,7 @@ async def handle_turn(
         return error_reply(adapter, internal_error(exc))
 
 
-async def _collect_unless_disconnected(
+async def collect_unless_disconnected(
     receive: Receive, events: Events, abandon: Callable[[], bool]
 ) -> AssistantTurn | None:
     """The turn's answer, or None when the harness hung up first. Then ``abandon`` aborts

@@ -15,7 +15,7 @@ from starlette.types import Message
 
 from proxy.canonical import FinishReason, OutputEvent, TextDelta, TurnFinished, Usage
 from proxy.routes import inference
-from proxy.routes.inference import EventStream, _collect_unless_disconnected
+from proxy.routes.inference import EventStream, collect_unless_disconnected
 
 FINISHED = TurnFinished("t", FinishReason.STOP, Usage(3, 1))
 
@@ -42,7 +42,7 @@ async def hang_up_after(delay_s: float) -> Message:
 
 async def test_a_short_turn_never_reads_its_connection() -> None:
     log: list[str] = []
-    answer = await _collect_unless_disconnected(no_receive, turn(0.0, log), lambda: True)
+    answer = await collect_unless_disconnected(no_receive, turn(0.0, log), lambda: True)
     assert answer is not None
     assert answer.message.content == "hi"
     await asyncio.sleep(inference.WATCH_AFTER_S * 2)  # no watcher starts afterwards either
@@ -55,7 +55,7 @@ async def test_a_long_turn_still_answers_when_its_harness_stays() -> None:
         raise AssertionError("unreachable")
 
     log: list[str] = []
-    answer = await _collect_unless_disconnected(stays, turn(0.2, log), lambda: True)
+    answer = await collect_unless_disconnected(stays, turn(0.2, log), lambda: True)
     assert answer is not None
     assert answer.finish_reason is FinishReason.STOP
 
@@ -68,7 +68,7 @@ async def test_a_hang_up_abandons_a_generating_turn_which_ends_by_itself() -> No
         abandoned.append(True)
         return True  # the backend ends the aborted generation (here: its 0.2 s sleep)
 
-    answer = await _collect_unless_disconnected(lambda: hang_up_after(0.0), turn(0.2, log), abandon)
+    answer = await collect_unless_disconnected(lambda: hang_up_after(0.0), turn(0.2, log), abandon)
     assert answer is None
     assert abandoned == [True]
     assert log == ["ended"]  # not cancelled: the turn ended with everything it sampled
@@ -81,7 +81,7 @@ async def test_a_turn_that_cannot_be_abandoned_is_cancelled_and_the_task_is_not(
     log: list[str] = []
     task = asyncio.current_task()
     assert task is not None
-    answer = await _collect_unless_disconnected(
+    answer = await collect_unless_disconnected(
         lambda: hang_up_after(0.0), turn(10.0, log), lambda: False
     )
     assert answer is None
@@ -93,7 +93,7 @@ async def test_a_turn_that_cannot_be_abandoned_is_cancelled_and_the_task_is_not(
 async def test_a_cancel_from_outside_is_not_swallowed() -> None:
     log: list[str] = []
     collecting = asyncio.ensure_future(
-        _collect_unless_disconnected(no_receive, turn(10.0, log), lambda: True)
+        collect_unless_disconnected(no_receive, turn(10.0, log), lambda: True)
     )
     await asyncio.sleep(0.01)
     collecting.cancel()
