@@ -285,6 +285,12 @@ async def collect_unless_disconnected(
         if hung_up and task.uncancel() == 0:
             return None  # the watcher's own cancellation: the harness is gone
         raise
+    except LegoError:
+        if hung_up:
+            # Deliberately swallowed: nobody is left to hear it; the turn is recorded with
+            # its error, and the caller counts the request as a 499.
+            return None
+        raise
     finally:
         timer.cancel()
         if watcher is not None:

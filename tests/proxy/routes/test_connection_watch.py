@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator
 import pytest
 from starlette.types import Message
 
+from kernel.errors import BackendError
 from proxy.canonical import FinishReason, OutputEvent, TextDelta, TurnFinished, Usage
 from proxy.routes import inference
 from proxy.routes.inference import EventStream, collect_unless_disconnected
@@ -119,3 +120,15 @@ async def test_a_stream_waiting_on_the_model_ends_when_its_harness_hangs_up() ->
 
     async with asyncio.timeout(1.0):
         await EventStream(frames, abandon)({"type": "http"}, receive, send)
+
+
+async def test_an_error_after_a_hang_up_is_not_raised_to_nobody() -> None:
+    async def fails_once_aborted() -> AsyncGenerator[OutputEvent, None]:
+        await asyncio.sleep(0.2)
+        yield TextDelta("hi")
+        raise BackendError("the backend broke while the aborted turn ended")
+
+    answer = await collect_unless_disconnected(
+        lambda: hang_up_after(0.0), fails_once_aborted(), lambda: True
+    )
+    assert answer is None
