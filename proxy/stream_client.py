@@ -252,10 +252,11 @@ class StreamClient:
     def __init__(
         self,
         *,
-        connect_timeout_s: float = 5.0,
-        keepalive_s: float = 4.0,
+        connect_timeout_s: float,
+        keepalive_s: float,
         tls: ssl.SSLContext | None = None,
     ) -> None:
+        """The timeouts are the caller's policy (``proxy.backend.stream_client``)."""
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
         self._origins: dict[str, _Origin] = {}

@@ -32,6 +32,10 @@ CHUNKED = (
 )
 
 
+def new_client(keepalive_s: float = 4.0, tls: ssl.SSLContext | None = None) -> StreamClient:
+    return StreamClient(connect_timeout_s=5.0, keepalive_s=keepalive_s, tls=tls)
+
+
 class Server:
     """Loopback server: every request on every connection is answered by ``answer``
     (given the request's head and body); it returns whether the connection stays open."""
@@ -97,7 +101,7 @@ async def read_all(client: StreamClient, url: str) -> tuple[int, bytes]:
 
 async def test_a_chunked_stream_is_read_as_it_comes_and_its_connection_reused() -> None:
     async with serving(streamed) as server:
-        client = StreamClient()
+        client = new_client()
         for _ in range(5):
             assert await read_all(client, server.url) == (200, b"data: one\n\ndata: two\n\n")
         await client.close()
@@ -118,7 +122,7 @@ async def test_a_sized_error_answer_is_read_whole() -> None:
         return True
 
     async with serving(refuse) as server:
-        client = StreamClient()
+        client = new_client()
         response = await client.post(f"{server.url}/generate", b"{}", HEADERS)
         assert response.status == 400
         assert await response.read() == b'{"error": {"message": "too long", "code": 400}}'
@@ -134,7 +138,7 @@ async def test_an_answer_without_length_ends_with_its_connection_which_is_not_re
         return False  # closes: the end of the body
 
     async with serving(until_close) as server:
-        client = StreamClient()
+        client = new_client()
         assert await read_all(client, server.url) == (200, b"all of it")
         assert await read_all(client, server.url) == (200, b"all of it")
         await client.close()
@@ -149,7 +153,7 @@ async def test_a_connection_lost_mid_answer_breaks_the_stream_after_what_came() 
         return False
 
     async with serving(dies) as server:
-        client = StreamClient()
+        client = new_client()
         response = await client.post(f"{server.url}/generate", b"{}", HEADERS)
         assert await response.readany() == b"data: one\n\n"
         with pytest.raises(StreamBroken, match="closed mid-answer"):
@@ -164,7 +168,7 @@ async def test_a_connection_closed_before_its_headers_is_a_broken_stream() -> No
         return False
 
     async with serving(hangs_up) as server:
-        client = StreamClient()
+        client = new_client()
         with pytest.raises(StreamBroken):
             await client.post(f"{server.url}/generate", b"{}", HEADERS)
         await client.close()
@@ -174,7 +178,7 @@ async def test_a_refused_connect_says_nothing_was_sent() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # bound, never listening: refused
-        client = StreamClient()
+        client = new_client()
         with pytest.raises(ConnectFailed, match="cannot connect"):
             await client.post(f"http://127.0.0.1:{port}/generate", b"{}", HEADERS)
         await client.close()
@@ -182,7 +186,7 @@ async def test_a_refused_connect_says_nothing_was_sent() -> None:
 
 async def test_a_connection_idle_past_the_keepalive_is_not_reused() -> None:
     async with serving(streamed) as server:
-        client = StreamClient(keepalive_s=0.05)
+        client = new_client(keepalive_s=0.05)
         await read_all(client, server.url)
         await read_all(client, server.url)  # at once: reused
         assert server.connections == 1
@@ -198,7 +202,7 @@ async def test_a_pooled_connection_the_server_closed_leaves_the_pool() -> None:
         return False  # a keep-alive answer, then the server closes while it idles
 
     async with serving(once) as server:
-        client = StreamClient()
+        client = new_client()
         await read_all(client, server.url)
         await asyncio.sleep(0.05)  # the close reaches the client
         async with asyncio.timeout(5.0):
@@ -224,7 +228,7 @@ async def test_a_reader_that_stops_reading_pauses_the_socket() -> None:
         return True
 
     async with serving(flood) as server:
-        client = StreamClient()
+        client = new_client()
         response = await client.post(f"{server.url}/generate", b"{}", HEADERS)
         await asyncio.wait_for(sent.wait(), 5.0)
         held = response.read_nowait()
@@ -244,7 +248,7 @@ async def test_close_fails_a_read_waiting_on_the_connection() -> None:
         return False
 
     async with serving(silent) as server:
-        client = StreamClient()
+        client = new_client()
         response = await client.post(f"{server.url}/generate", b"{}", HEADERS)
         reading = asyncio.create_task(response.readany())
         await asyncio.sleep(0.01)
@@ -257,7 +261,7 @@ async def test_close_fails_a_read_waiting_on_the_connection() -> None:
 
 async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -> None:
     async with serving(streamed) as server:
-        client = StreamClient()
+        client = new_client()
         with pytest.raises(ValueError, match="line break"):
             await client.post(
                 f"{server.url}/generate", b"{}", {"X-SMG-Routing-Key": "s\r\nX-Evil: 1"}
@@ -267,7 +271,7 @@ async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -
 
 
 async def test_a_closed_client_refuses_new_calls() -> None:
-    client = StreamClient()
+    client = new_client()
     await client.close()
     with pytest.raises(BackendUnavailable, match="closed"):
         await client.post("http://127.0.0.1:9/generate", b"{}", HEADERS)
@@ -313,10 +317,10 @@ async def test_an_https_worker_is_verified_and_streamed_from(
     listener = await asyncio.start_server(server.serve, "127.0.0.1", 0, ssl=served)
     url = f"https://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
     try:
-        trusting = StreamClient(tls=ssl.create_default_context(cafile=str(cert)))
+        trusting = new_client(tls=ssl.create_default_context(cafile=str(cert)))
         assert await read_all(trusting, url) == (200, b"data: one\n\ndata: two\n\n")
         await trusting.close()
-        stranger = StreamClient()  # the system's CAs: the self-signed worker is refused
+        stranger = new_client()  # the system's CAs: the self-signed worker is refused
         with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
             await stranger.post(f"{url}/generate", b"{}", HEADERS)
         await stranger.close()
