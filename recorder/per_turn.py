@@ -45,6 +45,7 @@ from sqlalchemy import (
     JSON,
     DefaultClause,
     Insert,
+    LargeBinary,
     Select,
     Update,
     bindparam,
@@ -107,29 +108,49 @@ class TurnColumns:
     names: tuple[str, ...]
     json_columns: frozenset[str]
     defaults: dict[str, object]  # for a column a row spooled before it existed lacks
+    # Per column in ``names`` order: (name, its default, is JSON), built once, so that a
+    # row's values cost one dict lookup a column (``values`` runs on every turn's path).
+    layout: tuple[tuple[str, object, bool], ...]
+    # Where ``values`` puts the columns whose size varies with the turn (token arrays,
+    # messages, JSON): what a write adds to the database beyond its fixed-size fields.
+    sized: tuple[int, ...]
 
     @classmethod
     def of_table(cls) -> TurnColumns:
+        names = tuple(column.name for column in turns.columns)
+        json_columns = frozenset(
+            column.name for column in turns.columns if isinstance(column.type, JSON)
+        )
+        defaults = {
+            column.name: _literal(column.server_default.arg, column.type.python_type)
+            for column in turns.columns
+            if isinstance(column.server_default, DefaultClause)
+        }
         return cls(
-            names=tuple(column.name for column in turns.columns),
-            json_columns=frozenset(
-                column.name for column in turns.columns if isinstance(column.type, JSON)
+            names=names,
+            json_columns=json_columns,
+            defaults=defaults,
+            layout=tuple((name, defaults.get(name), name in json_columns) for name in names),
+            sized=tuple(
+                index
+                for index, column in enumerate(turns.columns)
+                if isinstance(column.type, (JSON, LargeBinary))
             ),
-            defaults={
-                column.name: _literal(column.server_default.arg, column.type.python_type)
-                for column in turns.columns
-                if isinstance(column.server_default, DefaultClause)
-            },
         )
 
     def values(self, row: dict[str, object]) -> list[object]:
         """One row's values, in ``names`` order."""
+        get = row.get
         return [
-            json.dumps(row.get(name, self.defaults.get(name)))
-            if name in self.json_columns
-            else row.get(name, self.defaults.get(name))
-            for name in self.names
+            json.dumps(get(name, default)) if is_json else get(name, default)
+            for name, default, is_json in self.layout
         ]
+
+    def size(self, values: list[object]) -> int:
+        """The bytes of ``values``' variable-size columns (``values``' own output)."""
+        return sum(
+            len(value) for index in self.sized if isinstance(value := values[index], (bytes, str))
+        )
 
 
 def _literal(arg: object, python_type: type) -> object:

@@ -25,12 +25,12 @@ Every other statement of the recorder stays on SQLAlchemy.
   inside whichever commit crosses them, and its own page copies and fsync took that
   commit past ``INLINE_WRITE_S``, which sent the next ``FAST_WRITES_TO_RETURN`` writes to
   the thread: 39% of the turns at c=1 paid a thread handoff). Once the turns written
-  since the last checkpoint add up to ``CHECKPOINT_AFTER_BYTES`` (their values and
-  ``ROW_PAGE_BYTES`` each for the pages every row touches), a PASSIVE checkpoint is
-  queued on the writer thread, and the writes that come while it runs queue there behind
-  it: none is written meanwhile, so the checkpoint copies the whole WAL and the next
-  write starts it again from its beginning (a WAL written to while it is checkpointed
-  may never be wholly copied, and never restart).
+  since the last checkpoint add up to ``CHECKPOINT_AFTER_BYTES`` (their variable-size
+  values and ``ROW_PAGE_BYTES`` each for the pages every row touches), a PASSIVE
+  checkpoint is queued on the writer thread, and the writes that come while it runs
+  queue there behind it: none is written meanwhile, so the checkpoint copies the whole
+  WAL and the next write starts it again from its beginning (a WAL written to while it
+  is checkpointed may never be wholly copied, and never restart).
 - ``write_now`` is ``write`` when it would run on the loop, done without awaiting (None
   where ``write`` would go to the writer thread): the turn writer's lone turns.
 - ``write``: one transaction (``BEGIN IMMEDIATE``: the write lock first). Each row
@@ -136,11 +136,12 @@ _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary codes, of extend
 # slow disk must not stall the event loop (a disk slow now and then stalls it at most once
 # in that many writes), a fast one is not worth a thread handoff.
 INLINE_WRITE_S = 0.002
-FAST_WRITES_TO_RETURN = 64
+FAST_WRITES_TO_RETURN = 8
 # What the turns written since the last checkpoint may add to the WAL before the writer
-# thread checkpoints it: about SQLite's own 1,000 pages of 4 KiB. A row counts its values
-# and ROW_PAGE_BYTES for the table's and the indexes' pages it touches (5 WAL frames for a
-# one-turn commit on the development machine, strace).
+# thread checkpoints it: about SQLite's own 1,000 pages of 4 KiB. A row counts its
+# variable-size values (TurnColumns.size: token arrays, messages, JSON) and ROW_PAGE_BYTES
+# for the table's and the indexes' pages it touches (5 WAL frames for a one-turn commit on
+# the development machine, strace).
 CHECKPOINT_AFTER_BYTES = 4 * 1024 * 1024
 ROW_PAGE_BYTES = 16 * 1024
 _log = logging.getLogger(__name__)
@@ -289,9 +290,8 @@ class SqliteTurns:
 
     def _note_written(self, bound: list[list[object]]) -> None:
         """Count what the write added to the WAL; queue a checkpoint when it is due."""
-        self._unchecked_bytes += ROW_PAGE_BYTES * len(bound) + sum(
-            len(value) for row in bound for value in row if isinstance(value, (bytes, str))
-        )
+        size = self._columns.size
+        self._unchecked_bytes += sum(ROW_PAGE_BYTES + size(row) for row in bound)
         if (
             self._unchecked_bytes < CHECKPOINT_AFTER_BYTES
             or self._checkpoint is not None
