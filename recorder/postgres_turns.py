@@ -21,8 +21,14 @@ other statement of the recorder stays on SQLAlchemy.
   statement that finds its pooled connection gone (a database restart, an idle timeout)
   expires the pool's connections and runs once more on a new one: both operations are
   idempotent. A cancelled ``write`` may still commit on the server, as with any driver.
-- The pool holds at most ``POOL_SIZE`` connections of its own, beside the engine's, and
-  connects on first use.
+- A statement runs on the **lane**, one connection held for the store's life, whenever
+  the lane is free: a turn alone in flight (c=1) then pays no pool checkout and return,
+  which cost asyncpg's pool about 40 us of CPU per statement on the development machine
+  (``docs/performance.md``), two statements a turn. Statements that find the lane busy
+  take a pooled connection. A lane statement cut short by anything but the server's own
+  error (a cancel, a lost connection) drops the lane, which reconnects on its next use.
+- The pool holds at most ``POOL_SIZE`` connections of its own, beside the lane and the
+  engine's, and connects on first use.
 """
 
 from __future__ import annotations
@@ -50,9 +56,13 @@ from recorder.records import PauseState, SessionStatus, TurnStatus
 from recorder.schema import turns
 
 POOL_SIZE = 10
+LANE_CLOSE_TIMEOUT_S = 5.0
 T = TypeVar("T")
 if TYPE_CHECKING:  # the proxy is generic in asyncpg-stubs only
-    Connection = asyncpg.pool.PoolConnectionProxy[asyncpg.Record]
+    Connection = (
+        asyncpg.pool.PoolConnectionProxy[asyncpg.Record] | asyncpg.Connection[asyncpg.Record]
+    )
+    Connect = Callable[[], Awaitable[asyncpg.Connection[asyncpg.Record]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +122,18 @@ async def _nothing_to_reset(_conn: asyncpg.Connection[asyncpg.Record]) -> None:
 
 class PostgresTurns:
     def __init__(
-        self, pool: asyncpg.Pool, *, on_lost: Callable[[], Awaitable[None]] | None = None
+        self,
+        pool: asyncpg.Pool,
+        *,
+        connect: Connect | None = None,
+        on_lost: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """``connect`` opens the lane's connection (None: no lane, every statement on
+        the pool)."""
         self._pool = pool
+        self._connect = connect
+        self._lane: asyncpg.Connection[asyncpg.Record] | None = None
+        self._lane_busy = False
         self._on_lost = on_lost
         self._sql = _Sql.build()
 
@@ -134,7 +153,11 @@ class PostgresTurns:
         pool = await asyncpg.create_pool(
             min_size=0, max_size=POOL_SIZE, reset=_nothing_to_reset, **arguments
         )
-        return cls(pool, on_lost=on_lost)
+
+        async def connect() -> asyncpg.Connection[asyncpg.Record]:
+            return await asyncpg.connect(**arguments)
+
+        return cls(pool, connect=connect, on_lost=on_lost)
 
     async def status(self, session_id: str, action: str) -> tuple[str, str | None] | None:
         row = await self._run(lambda conn: conn.fetchrow(self._sql.status, session_id), action)
@@ -179,6 +202,12 @@ class PostgresTurns:
         return {str(row["id"]) for row in stored if row["id"] in sent and row["status"] == failed}
 
     async def close(self) -> None:
+        lane, self._lane, self._connect = self._lane, None, None
+        if lane is not None:
+            try:
+                await lane.close(timeout=LANE_CLOSE_TIMEOUT_S)
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
+                lane.terminate()  # the server is away: nothing to say goodbye to
         await self._pool.close()
 
     async def _run(self, operation: Callable[[Connection], Awaitable[T]], action: str) -> T:
@@ -187,6 +216,8 @@ class PostgresTurns:
         except RecorderUnavailable:
             # Its connection was gone (a restart, an idle timeout): so may be every idle
             # one in the pool. Both operations are idempotent; the second failure stands.
+            if not self._lane_busy:  # a lane in use now proves itself (or is dropped)
+                self._drop_lane()
             await self._pool.expire_connections()
             if self._on_lost is not None:
                 await self._on_lost()
@@ -194,6 +225,8 @@ class PostgresTurns:
 
     async def _attempt(self, operation: Callable[[Connection], Awaitable[T]], action: str) -> T:
         try:
+            if not self._lane_busy and self._connect is not None:
+                return await self._on_lane(self._connect, operation)
             async with self._pool.acquire() as conn:
                 return await operation(conn)
         except LegoError:
@@ -201,3 +234,32 @@ class PostgresTurns:
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             # asyncpg reports a value it cannot encode as DataError (SQLSTATE 22000).
             raise translated_asyncpg(exc, action) from exc
+
+    async def _on_lane(
+        self, connect: Connect, operation: Callable[[Connection], Awaitable[T]]
+    ) -> T:
+        self._lane_busy = True
+        try:
+            lane = self._lane
+            if lane is None or lane.is_closed():
+                lane = self._lane = await connect()
+            try:
+                return await operation(lane)
+            except asyncpg.PostgresError:
+                # The server refused the statement and said so: the connection is as
+                # good as before, unless something left a transaction open on it.
+                if lane.is_in_transaction():
+                    self._drop_lane()
+                raise
+            except BaseException:
+                # Cancelled, or the connection failed mid-statement: its state is
+                # unknown, so it goes; the next statement on the lane reconnects.
+                self._drop_lane()
+                raise
+        finally:
+            self._lane_busy = False
+
+    def _drop_lane(self) -> None:
+        lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.terminate()

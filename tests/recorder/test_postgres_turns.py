@@ -275,3 +275,53 @@ async def test_a_stopped_database_is_unavailable_until_it_is_back(
     finally:
         await store.close()
         await stoppable_postgres.drop_database(url)
+
+
+async def test_statements_one_at_a_time_take_no_pooled_connection(url: str) -> None:
+    """The lane: a turn alone in flight pays no pool checkout and return."""
+    store = await Store.open(url)
+    try:
+        per_turn = store._per_turn
+        assert isinstance(per_turn, PostgresTurns)
+        session = await new_session(store)
+        for seq in range(5):
+            assert await store.finished_termination(session.id) is None
+            await store.write_turns([make_turn(session.id, seq)])
+        assert per_turn._pool.get_size() == 0  # the pool connects on first use: never
+        assert await store.count_completed_turns(session.id) == 5
+    finally:
+        await store.close()
+
+
+async def test_a_statement_finds_the_lane_busy_and_takes_a_pooled_connection(url: str) -> None:
+    """A write held on the lane by a finish's row lock does not hold up a status read;
+    cancelled there, it drops the lane, and the next statements run on a new one."""
+    store = await Store.open(url)
+    finisher = create_engine(url)
+    try:
+        per_turn = store._per_turn
+        assert isinstance(per_turn, PostgresTurns)
+        session = await new_session(store)
+        async with finisher.connect() as conn:
+            transaction = await conn.begin()
+            await conn.execute(
+                text("UPDATE sessions SET task_id = 'locked' WHERE id = :i"), {"i": session.id}
+            )
+            write = asyncio.create_task(
+                store.write_rows([rows.encode_turn(make_turn(session.id, 0))])
+            )
+            await asyncio.sleep(0.3)
+            assert not write.done()  # on the lane, waiting on the row lock
+            assert await asyncio.wait_for(store.finished_termination(session.id), 5) is None
+            assert per_turn._pool.get_size() == 1  # the read took a pooled connection
+            write.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await write
+            await transaction.rollback()
+        await store.write_turns([make_turn(session.id, 1)])
+        assert await store.finished_termination(session.id) is None
+        # The cancelled write may still have committed on the server, as with any driver.
+        assert {t.seq for t in await store.list_turns(session.id)} in ({1}, {0, 1})
+    finally:
+        await finisher.dispose()
+        await store.close()
