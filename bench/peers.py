@@ -11,6 +11,11 @@ session, per concurrent client) with the same two-message chat turn:
 - LiteLLM's proxy, when its ``litellm`` command is installed (``--litellm PATH``, else the
   one on ``PATH``), in front of a zero-compute OpenAI endpoint (a fixed chat completion,
   served by this module in its own process); its baseline is that endpoint called directly;
+- a bare forwarder (``bench.forwarder``), always: lego-proxy's own stack (uvicorn on uvloop
+  with httptools, its stream client to the same engine) passing each turn through with no
+  parsing, ledger, rendering or record: the least any turn through a Python proxy here
+  costs, so the rest of lego-proxy's figures is its own work. Its baseline is the
+  engine's ``/generate`` called directly;
 - slime's OpenAI agent adapter (``slime.agent.adapters.OpenAIAdapter``, THUDM/slime: not on
   PyPI), when ``--slime PATH`` names a checkout of it, in front of the same zero-compute
   engine as lego-proxy (it renders the chat template itself and sends ``input_ids`` to
@@ -161,6 +166,9 @@ def run(args: argparse.Namespace) -> None:
                 keys = [proxy.new_session() for _ in range(max(args.concurrency))]
                 lego = _chat(proxy.url, "bench", keys, reply_tokens)
                 systems.append(System(label, proxy.process.pid, lego, "sglang engine"))
+        floor = _start_forwarder(ready, reply_tokens)
+        if floor is not None:
+            systems.append(floor)
         litellm = litellm_command(args)
         if args.reply_tokens is not None or args.token_ms:
             # Its zero-compute OpenAI endpoint answers at once, with a fixed short reply.
@@ -217,6 +225,26 @@ def _start_litellm(
     )
 
 
+def _start_forwarder(ready: Stack, reply_tokens: int) -> System | None:
+    """``bench.forwarder`` in front of the zero-compute engine, or None (said why)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = _start_peer(
+        ready,
+        "bare forwarder",
+        python_module(
+            "bench.forwarder",
+            *("--engine", ready.engine_url, "--model", str(ready.model)),
+            *("--port", str(port), "--max-tokens", str(reply_tokens)),
+        ),
+        ready.env,
+        f"{url}/health",
+    )
+    if process is None:
+        return None
+    return System("bare forwarder", process.pid, _chat(url, "bench", None), "sglang engine")
+
+
 def _start_slime(
     ready: Stack, checkout: Path, python: str, clients: int, reply_tokens: int
 ) -> System | None:
@@ -254,7 +282,9 @@ def _start_peer(
 ) -> subprocess.Popen[bytes] | None:
     """A peer's server, stopped with the stack; None (said why) when it does not start."""
     try:
-        process = start_server(command, env, health, ready.root / f"{name.lower()}.log")
+        process = start_server(
+            command, env, health, ready.root / f"{name.lower().replace(' ', '-')}.log"
+        )
     except ServerDidNotStart as exc:
         print(f"{name}: skipped (it did not start: {exc.message[-500:]})")
         return None

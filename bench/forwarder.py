@@ -1,0 +1,142 @@
+"""The transport's floor: a bare forwarder on lego-proxy's own stack, for ``bench.peers``.
+
+It serves ``POST /v1/chat/completions`` the way ``lego-proxy serve`` is served (uvicorn on
+uvloop with httptools, a raw ASGI app) and passes each turn to the engine's ``/generate``
+through the proxy's own stream client (``proxy.stream_client``: one pooled keep-alive
+connection per turn in flight), then answers with a fixed chat completion once the
+engine's answer is read to its end. It does nothing else a proxy does: no parsing of the
+request (the engine gets one fixed, pre-tokenized body: ``bench.overhead.generate_body``),
+no ledger, no detokenizing or rendering, no record and no fsync. It asks for the chunks
+lego-proxy asks for on a turn its harness does not stream (``stream_interval``: the
+default of ``LEGO_UNSTREAMED_CHUNK_TOKENS``), so a long reply costs it as many reads.
+
+So what it adds to the engine's direct latency, and its CPU per turn, is what any turn
+through a Python proxy on this stack pays at least; ``bench.peers`` measures it in the
+same rounds as the proxies, and the rest of a proxy's figures is its own work.
+
+    python -m bench.forwarder --engine URL --model DIR --port PORT [--max-tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+if not __package__:
+    # Run as ``python bench/forwarder.py``: the repository, not this directory, must be on
+    # sys.path for ``bench.overhead`` (a sibling) to import.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import orjson
+
+from bench.overhead import REPLY_TOKENS, generate_body
+from proxy.backend import CONNECT_TIMEOUT_S, KEEPALIVE_S
+from proxy.settings import Settings
+from proxy.stream_client import StreamClient
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+ANSWER = orjson.dumps(
+    {
+        "id": "chatcmpl-forwarded",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "OK."},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+)
+JSON_HEADERS = [(b"content-type", b"application/json")]
+GENERATE_HEADERS = {"Content-Type": "application/json"}
+
+
+class Forwarder:
+    """The ASGI app: each chat turn becomes one streamed ``/generate`` call, read whole."""
+
+    def __init__(self, engine_url: str, generate: dict[str, object]) -> None:
+        self._url = f"{engine_url.rstrip('/')}/generate"
+        self._body = orjson.dumps(generate)
+        self._client = StreamClient(connect_timeout_s=CONNECT_TIMEOUT_S, keepalive_s=KEEPALIVE_S)
+
+    @property
+    def connections_opened(self) -> int:
+        """Connections to the engine opened so far (one per turn in flight, then reused)."""
+        return self._client.opened
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:  # the harness's request, read and dropped
+            message = await receive()
+            more = message.get("more_body", False)
+        if scope["path"] == "/health":
+            await _answer(send, 200, b'{"ok":true}')
+            return
+        if scope["method"] != "POST" or scope["path"] != "/v1/chat/completions":
+            await _answer(send, 404, b'{"error":"not found"}')
+            return
+        response = await self._client.post(self._url, self._body, GENERATE_HEADERS)
+        try:
+            while await response.readany():
+                pass
+            status = response.status
+        finally:
+            response.release()
+        if status != 200:
+            await _answer(send, 502, b'{"error":"the engine failed"}')
+            return
+        await _answer(send, 200, ANSWER)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self._client.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _answer(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+    await send({"type": "http.response.body", "body": body})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", required=True, help="the engine's URL")
+    parser.add_argument("--model", type=Path, required=True, help="its tokenizer's directory")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--max-tokens", type=int, default=REPLY_TOKENS)
+    args = parser.parse_args()
+    import uvicorn
+
+    body = generate_body(args.model, args.max_tokens)
+    sampling = body["sampling_params"]
+    assert isinstance(sampling, dict)
+    sampling["stream_interval"] = Settings.model_fields["unstreamed_chunk_tokens"].default
+    app = Forwarder(args.engine, body)
+    uvicorn.run(
+        app, host="127.0.0.1", port=args.port, loop="uvloop", http="httptools", log_level="warning"
+    )
+
+
+if __name__ == "__main__":
+    main()
