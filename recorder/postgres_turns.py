@@ -10,7 +10,10 @@ other statement of the recorder stays on SQLAlchemy.
 - ``write``: ONE statement, committed by itself. A ``WITH`` clause locks the batch's
   session rows ``FOR SHARE`` (a finish running now waits for this statement, one committed
   before it is seen), the rows are inserted from ``unnest`` of one array per column (the
-  same statement text for any batch size, so it is prepared once), ``ON CONFLICT (id) DO
+  same statement text for any batch size, so it is prepared once; a batch of one row,
+  every lone turn's, from ``VALUES`` of one parameter per column instead: 40 arrays cost
+  asyncpg and the server about 100 us of CPU each per row more than 40 scalars,
+  ``docs/performance.md``), ``ON CONFLICT (id) DO
   NOTHING`` makes it idempotent by id, and a completed turn of a finished session goes in
   ``failed`` with ``LATE_ERROR`` directly. A turn of no session still fails its foreign key
   (the lock is a left join). A batch that re-labels side requests runs the insert and the
@@ -69,7 +72,8 @@ if TYPE_CHECKING:  # the proxy is generic in asyncpg-stubs only
 class _Sql:
     columns: TurnColumns
     status: str
-    insert: str
+    insert: str  # rows from unnest(one array per column): any number of rows
+    insert_one: str  # the same for one row, from VALUES(one parameter per column)
     relabel: str
 
     @classmethod
@@ -89,13 +93,17 @@ class _Sql:
         }
         selected = ", ".join(chosen.get(name, f"u.{name}") for name in names)
         arrays = ", ".join(f"${i}::{types[name]}[]" for i, name in enumerate(names, 1))
-        insert = (
-            f"WITH s AS (SELECT id, status FROM sessions WHERE id = ANY(${sessions_arg}::text[]) "
-            "FOR SHARE) "
-            f"INSERT INTO turns ({', '.join(names)}) SELECT {selected} "
-            f"FROM unnest({arrays}) AS u({', '.join(names)}) LEFT JOIN s ON s.id = u.session_id "
-            "ON CONFLICT (id) DO NOTHING RETURNING id, status"
-        )
+        scalars = ", ".join(f"${i}::{types[name]}" for i, name in enumerate(names, 1))
+
+        def insert_from(source: str) -> str:
+            return (
+                f"WITH s AS (SELECT id, status FROM sessions "
+                f"WHERE id = ANY(${sessions_arg}::text[]) FOR SHARE) "
+                f"INSERT INTO turns ({', '.join(names)}) SELECT {selected} "
+                f"FROM {source} AS u({', '.join(names)}) LEFT JOIN s ON s.id = u.session_id "
+                "ON CONFLICT (id) DO NOTHING RETURNING id, status"
+            )
+
         relabel = (
             "UPDATE turns SET classification = $3, fork_reason = $4 "
             "WHERE session_id = $1 AND id = ANY($2::text[]) AND classification = 'root'"
@@ -103,14 +111,18 @@ class _Sql:
         return cls(
             columns=columns,
             status="SELECT status, termination FROM sessions WHERE id = $1",
-            insert=insert,
+            insert=insert_from(f"unnest({arrays})"),
+            insert_one=insert_from(f"(VALUES ({scalars}))"),
             relabel=relabel,
         )
 
-    def arrays(self, values: Values) -> list[list[object]]:
-        """One array per column, in ``columns.names`` order."""
+    def arguments(self, values: Values) -> tuple[str, list[object]]:
+        """The insert for ``values`` and its column arguments, in ``columns.names`` order:
+        one row's values, or one array per column."""
         rows = [self.columns.values(row) for row in values]
-        return [list(column) for column in zip(*rows, strict=True)]
+        if len(rows) == 1:
+            return self.insert_one, rows[0]
+        return self.insert, [list(column) for column in zip(*rows, strict=True)]
 
 
 async def _nothing_to_reset(_conn: asyncpg.Connection[asyncpg.Record]) -> None:
@@ -175,11 +187,11 @@ class PostgresTurns:
         return False
 
     async def write(self, values: Values, relabels: Relabels, action: str) -> set[str]:
-        arrays = self._sql.arrays(values)
+        statement, arguments = self._sql.arguments(values)
         session_ids = sorted({str(row["session_id"]) for row in values})
 
         async def insert(conn: Connection) -> list[asyncpg.Record]:
-            return list(await conn.fetch(self._sql.insert, *arrays, session_ids, LATE_ERROR))
+            return list(await conn.fetch(statement, *arguments, session_ids, LATE_ERROR))
 
         async def insert_and_relabel(conn: Connection) -> list[asyncpg.Record]:
             async with conn.transaction():
