@@ -344,11 +344,14 @@ class Pipeline:
                 request,
                 answer,
             )
-            # A turn alone in flight is written at once (no task). While others generate,
-            # it waits for its batch, so turns that end together share one commit's fsync.
-            durability = None if self._running else self._writer.record_now(record)
+            # A turn alone in flight is written at once (SQLite on the loop: no task) or
+            # by its own task (awaiting the database, no hand-off to the writer's). While
+            # others generate, it waits for its batch, so turns that end together share
+            # one commit's fsync.
+            alone = not self._running
+            durability = self._writer.record_now(record) if alone else None
             if durability is None:
-                durability = await asyncio.shield(self._writer.submit_durable(record))
+                durability = await asyncio.shield(self._writer.submit_durable(record, alone=alone))
             if durability is Durability.LATE:
                 # Another replica finished the session while this turn ran: the turn is
                 # recorded failed, and the harness must not take it as answered.

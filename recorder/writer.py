@@ -24,6 +24,13 @@ Contract:
   0.06 ms: ``docs/performance.md``). Its outcome is
   ``submit_durable``'s: the commit is synced; a failure of any kind leaves the turn to
   the queue, which retries, spools or quarantines it as it would any other.
+- ``submit_durable(turn, alone=True)``: the caller says no other turn is in flight. When
+  the queue is idle as well (nothing queued, being written, spooled, or written alone
+  already), the turn is written by the caller's own task, awaiting the database (a
+  Postgres round trip, or SQLite's writer thread): no wake-up of the writer's task, no
+  batch, no future to settle (``docs/performance.md``). Within the journal's grace; a
+  database that has not taken it by then, refused it or failed leaves it to the queue's
+  path with the rest of the grace, as above. ``flush`` counts a turn being written so.
 - ``await flush()`` returns once every turn submitted before the call is in the database
   or dropped (spooled turns included: it triggers a replay at once). It waits as long as
   the database is down; bound it with ``asyncio.timeout`` where that matters.
@@ -160,6 +167,7 @@ class TurnWriter:
         # Durable submits waiting for their batch, and what each settled turn reached.
         self._waiting: dict[str, asyncio.Future[Durability]] = {}
         self._outcomes: dict[str, Durability] = {}  # of the batch being persisted
+        self._alone = 0  # turns being written by their own task (_write_alone)
         self.disk_ok = True
         self.submitted = 0
         self.written = 0
@@ -198,13 +206,26 @@ class TurnWriter:
                 self._run(), name="lego-turn-writer"
             )
 
-    async def submit_durable(self, turn: TurnRecord) -> Durability:
-        """``submit``, then wait until the turn is durable (see the module docstring)."""
+    async def submit_durable(self, turn: TurnRecord, *, alone: bool = False) -> Durability:
+        """``submit``, then wait until the turn is durable (see the module docstring).
+        ``alone``: no other turn is in flight, so this one may be written by the caller's
+        own task (``_write_alone``) when the queue is idle."""
         try:
             stored = encode_turn(turn)
         except InvalidRequest:
             self.submit(turn)  # unstorable: the batch that takes it drops and counts it
             return Durability.ON_DISK
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        # The whole wait, the journal's grace included, stays within durable_wait_s
+        # (no request waits on the database for longer).
+        deadline = began + self._durable_wait_s
+        grace = min(self._journal_after_s, self._durable_wait_s)
+        if alone and self._writes_alone():
+            outcome = await self._write_alone(stored, grace)
+            if outcome is not None:
+                return outcome
+            grace = max(0.0, grace - (loop.time() - began))  # the queue's path takes it
         self.start()
         settled: asyncio.Future[Durability] = asyncio.get_running_loop().create_future()
         self._waiting[stored.id] = settled
@@ -212,13 +233,10 @@ class TurnWriter:
         self._flush_target = max(self._flush_target, self.submitted)  # no batching delay
         self._wake.set()
         journaled = False
-        # The whole wait, the journal's grace included, stays within durable_wait_s
-        # (no request waits on the database for longer).
-        deadline = asyncio.get_running_loop().time() + self._durable_wait_s
         try:
             if self._journal is not None:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(self._journal_after_s, self._durable_wait_s)):
+                    async with asyncio.timeout(grace):
                         return await asyncio.shield(settled)
                 # The database is slow or away: the turn goes to disk before its answer ends.
                 journaled = await self._journal.append(stored)
@@ -238,6 +256,42 @@ class TurnWriter:
             ) from None
         finally:
             self._waiting.pop(stored.id, None)
+
+    def _writes_alone(self) -> bool:
+        """Nothing is queued, being written, spooled or written alone already: a turn
+        written now overtakes none, and concurrent turns still share the queue's batches."""
+        return not (self._queue or self._spooling or self._alone or self.spooled_pending)
+
+    async def _write_alone(self, stored: StoredTurn, limit_s: float) -> Durability | None:
+        """The turn written by the caller's task, awaiting the database directly: no
+        hand-off to the writer's task and back (a wake-up, a batch, a future settled).
+        None when the database did not take it within ``limit_s`` (the journal's grace),
+        refused it or failed: then the queue's path retries, spools, journals or
+        quarantines it as any other turn. ``flush`` waits for it meanwhile."""
+        self._alone += 1
+        began = time.perf_counter()
+        try:
+            async with asyncio.timeout(limit_s):
+                late = await self._store.write_rows([stored])
+        except (LegoError, TimeoutError):
+            return None  # a write cut short may still commit: the queue's is idempotent
+        except Exception:
+            # Not a database error, so a bug: the queue's path keeps the turn, as it would.
+            log.exception("turn writer: unexpected error writing turn %s alone", stored.id)
+            return None
+        finally:
+            self._alone -= 1
+        if self._metrics is not None:
+            self._metrics.write_latency.observe(time.perf_counter() - began)
+            self._metrics.written_at_once.inc()
+        self.submitted += 1
+        self._done += 1
+        self.batches += 1
+        self.written += 1
+        self._count_late(late)
+        async with self._progress:
+            self._progress.notify_all()  # a flush may be waiting for this turn
+        return Durability.LATE if stored.id in late else Durability.RECORDED
 
     def record_now(self, turn: TurnRecord) -> Durability | None:
         """The turn written at once, or None: then ``submit_durable`` it (module docstring).
@@ -279,7 +333,8 @@ class TurnWriter:
 
     async def flush(self) -> None:
         self.start()
-        target = self.submitted
+        # A turn being written alone is counted when it is (or when the queue takes it).
+        target = self.submitted + self._alone
         self._flush_target = max(self._flush_target, target)
         self._next_replay = 0.0
         self._wake.set()
@@ -563,3 +618,9 @@ class TurnWriter:
         if self._metrics is not None:
             self._metrics.dropped.inc()
         log.error("turn writer: dropping turn %s: %s", turn_id, reason)
+        waiter = self._waiting.get(turn_id)
+        if waiter is not None and not waiter.done():
+            # Its caller learns now, and why: it is in no durable place and never will be.
+            waiter.set_exception(
+                RecorderError(f"the database refused the turn, which is dropped: {reason}")
+            )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kernel.errors import RecorderError
 from recorder.database import create_engine
 from recorder.journal import Journal
 from recorder.migrate import upgrade_database
@@ -382,9 +383,14 @@ async def sqlite_store(tmp_path: Path) -> tuple[Store, SessionInfo]:
     return store, session
 
 
-async def test_a_turn_is_not_written_ahead_of_the_queue(tmp_path: Path) -> None:
+async def test_a_turn_is_not_written_ahead_of_the_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Turns already queued are written first: a turn that would overtake them is left to
     the queue (None), and the queue writes all of them in order."""
+    # However long the queue's first commit takes on a busy machine, later writes stay on
+    # the loop (a commit over INLINE_WRITE_S would move them to the writer thread).
+    monkeypatch.setattr("recorder.sqlite_turns.INLINE_WRITE_S", 60.0)
     store, session = await sqlite_store(tmp_path)
     try:
         writer = TurnWriter(store, flush_interval_s=30.0)
@@ -441,3 +447,87 @@ async def test_a_turn_written_at_once_is_late_or_unstorable_as_a_queued_one(
         await asyncio.wait_for(writer.close(), timeout=10)
     finally:
         await store.close()
+
+
+# -- a lone turn written by its own task (submit_durable(alone=True)) --------------------
+
+
+async def test_a_lone_turn_is_written_by_its_own_task(store: Store) -> None:
+    """With nothing else in flight the caller's task writes the turn (the writer's task
+    never starts), and it is durable in the database when the call returns."""
+    session = await new_session(store)
+    writer = TurnWriter(store)
+    turn = make_turn(session.id, 0)
+    assert await writer.submit_durable(turn, alone=True) is Durability.RECORDED
+    assert writer._task is None  # no hand-off to the writer's task
+    assert (writer.submitted, writer.written, writer.pending) == (1, 1, 0)
+    assert [t.id for t in await store.list_turns(session.id)] == [turn.id]  # no flush
+    await store.finish_session(session.id, "completed", 1.0, None)
+    late = make_turn(session.id, 1)
+    assert await writer.submit_durable(late, alone=True) is Durability.LATE
+    assert writer.late == 1
+    await asyncio.wait_for(writer.close(), timeout=10)
+
+
+async def test_a_lone_turn_behind_queued_ones_goes_through_the_queue(store: Store) -> None:
+    """Turns already queued are written first: the lone turn joins the queue, which
+    writes them all (and the writer's task runs)."""
+    session = await new_session(store)
+    writer = TurnWriter(store, flush_interval_s=0.2)
+    writer.submit(make_turn(session.id, 0))
+    turn = make_turn(session.id, 1)
+    assert await writer.submit_durable(turn, alone=True) is Durability.RECORDED
+    assert writer._task is not None
+    assert writer.batches == 1  # one batch held both
+    assert sorted(t.seq for t in await store.list_turns(session.id)) == [0, 1]
+    await asyncio.wait_for(writer.close(), timeout=10)
+
+
+async def test_a_lone_turn_the_database_refuses_is_handled_by_the_queue(store: Store) -> None:
+    """Refused (no such session: a foreign key), the turn is the queue's, which isolates
+    and drops it as it would any refused turn; its caller is told at once, and why."""
+    writer = TurnWriter(store, durable_wait_s=30.0)
+    with pytest.raises(RecorderError, match="refused the turn, which is dropped"):
+        await asyncio.wait_for(
+            writer.submit_durable(make_turn("no-such-session", 0), alone=True), 10
+        )
+    assert (writer.submitted, writer.written, writer.dropped) == (1, 0, 1)
+    assert writer.undurable == 0  # not "kept in memory": it is gone, and said so
+    await asyncio.wait_for(writer.close(), timeout=10)
+
+
+async def test_a_flush_waits_for_a_lone_turn_being_written(
+    postgres_server: PostgresServer,
+) -> None:
+    """A flush that starts while a lone turn's write waits (here on its session's row,
+    which a finish in progress holds) returns only once that turn is in the database."""
+    url = await postgres_server.create_database()
+    await upgrade_database(url)
+    store = await Store.open(url)
+    finisher = create_engine(url)
+    try:
+        session = await new_session(store)
+        writer = TurnWriter(store, journal_after_s=5.0, durable_wait_s=10.0)
+        turn = make_turn(session.id, 0)
+        async with finisher.connect() as conn:
+            transaction = await conn.begin()
+            await conn.exec_driver_sql(
+                f"UPDATE sessions SET task_id = 'held' WHERE id = '{session.id}'"
+            )
+            durable = asyncio.create_task(writer.submit_durable(turn, alone=True))
+            await asyncio.sleep(0.3)
+            flushed = asyncio.create_task(writer.flush())
+            await asyncio.sleep(0.3)
+            assert not durable.done()
+            assert not flushed.done()  # the lone turn is not in yet
+            await transaction.rollback()
+        assert await asyncio.wait_for(durable, 10) is Durability.RECORDED
+        await asyncio.wait_for(flushed, 10)
+        assert writer._task is not None  # flush started it; it wrote nothing
+        assert (writer.batches, writer.written) == (1, 1)
+        assert [t.id for t in await store.list_turns(session.id)] == [turn.id]
+        await asyncio.wait_for(writer.close(), timeout=10)
+    finally:
+        await finisher.dispose()
+        await store.close()
+        await postgres_server.drop_database(url)
