@@ -37,6 +37,7 @@ if not __package__:
 import httpx
 
 from bench.overhead import BASELINE, Proxy, add_baseline_argument, percentile, rotated, stack
+from kernel.heap import long_lived_frozen
 
 RESULT = "ok: 3 passed, 0 failed in 0.41s; see the log for the details of each test run"
 METRICS = (
@@ -56,6 +57,7 @@ class Filled:
     latencies: list[float]
     metrics: dict[str, float]
     rss_mib: float
+    client_gc_longest_s: float  # the load client's own longest full collection meanwhile
 
 
 async def fill(proxy: Proxy, keys: list[str], turns: int, concurrency: int) -> list[float]:
@@ -111,15 +113,19 @@ def rss_mib(pid: int) -> float:
 
 def measure(proxy: Proxy, sessions: int, turns: int, concurrency: int) -> Filled:
     keys = [proxy.new_session() for _ in range(sessions)]
-    began = time.perf_counter()
-    latencies = asyncio.run(fill(proxy, keys, turns, concurrency))
-    seconds = time.perf_counter() - began
+    # The clients' own heap frozen as they fill (bench.overhead.measure says why): their
+    # full collections would show in the latencies as the proxy's.
+    with long_lived_frozen() as collections:
+        began = time.perf_counter()
+        latencies = asyncio.run(fill(proxy, keys, turns, concurrency))
+        seconds = time.perf_counter() - began
     return Filled(
         proxy.name,
         seconds,
         latencies,
         scrape(proxy),
         rss_mib(proxy.process.pid),
+        collections.longest_s,
     )
 
 
@@ -129,7 +135,8 @@ def report(filled: Filled, round_: int) -> None:
         f"round {round_ + 1}, {filled.name}: {len(ms)} turns in {filled.seconds:.0f} s; "
         f"latency p50 {percentile(ms, 0.5):.1f} ms, p99 {percentile(ms, 0.99):.1f} ms, "
         f"p99.9 {percentile(ms, 0.999):.1f} ms, "
-        f"max {ms[-1]:.1f} ms; proxy RSS {filled.rss_mib:.0f} MiB"
+        f"max {ms[-1]:.1f} ms; proxy RSS {filled.rss_mib:.0f} MiB; the load client's "
+        f"longest full collection {1e3 * filled.client_gc_longest_s:.1f} ms"
     )
     if not filled.metrics:
         print("  full collections: not reported by this checkout")

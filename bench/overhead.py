@@ -54,6 +54,7 @@ from typing import TypeVar
 import httpx
 
 from engine.tiny import ensure_tiny_model
+from kernel.heap import long_lived_frozen
 from kernel.paths import default_model_dir
 from kernel.process import python_module, start_server
 from kernel.threaded import free_port
@@ -104,6 +105,7 @@ class Measured:
     latencies: list[float]
     rps: float
     cpu_s: float  # the server process's user + system CPU over the measured requests
+    client_gc_longest_s: float  # this process's longest full collection meanwhile
 
 
 def rotated(items: Sequence[T], round_: int) -> list[T]:
@@ -167,7 +169,12 @@ Call = Callable[[httpx.AsyncClient, int], Awaitable[None]]
 
 async def measure(call: Call, requests: int, concurrency: int, pid: int) -> Measured:
     """``requests`` calls from ``concurrency`` clients, each with its own keep-alive
-    connection and its own slot (a session, as each harness has its own)."""
+    connection and its own slot (a session, as each harness has its own).
+
+    This process's heap is frozen while it measures (``kernel.heap.long_lived_frozen``, as
+    the servers freeze theirs): with ``transformers`` imported, the load client's own full
+    collections took 100-240 ms at c=64 and stopped every client at once, the p99 stall
+    of about 230 ms these benchmarks used to show (``docs/performance.md``)."""
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     clients = [httpx.AsyncClient(timeout=60, limits=limits) for _ in range(concurrency)]
@@ -181,14 +188,15 @@ async def measure(call: Call, requests: int, concurrency: int, pid: int) -> Meas
                 await call(client, slot)
                 latencies.append(time.perf_counter() - began)
 
-        cpu = cpu_seconds(pid)
-        began = time.perf_counter()
-        await asyncio.gather(*(worker(client, slot) for slot, client in enumerate(clients)))
-        elapsed = time.perf_counter() - began
-        cpu = cpu_seconds(pid) - cpu
+        with long_lived_frozen() as collections:
+            cpu = cpu_seconds(pid)
+            began = time.perf_counter()
+            await asyncio.gather(*(worker(client, slot) for slot, client in enumerate(clients)))
+            elapsed = time.perf_counter() - began
+            cpu = cpu_seconds(pid) - cpu
     finally:
         await asyncio.gather(*(client.aclose() for client in clients))
-    return Measured(latencies, requests / elapsed, cpu)
+    return Measured(latencies, requests / elapsed, cpu, collections.longest_s)
 
 
 def start_proxy(
@@ -400,7 +408,10 @@ async def compare(
         direct_p50 = 1e3 * percentile(direct_lat, 0.5)
         direct_p99 = 1e3 * percentile(direct_lat, 0.99)
         engine_cpu = 1e3 * sum(m.cpu_s for m in direct_runs) / (per_round * args.rounds)
+        measured = [*direct_runs, *(m for runs in proxy_runs.values() for m in runs)]
+        client_gc_ms = 1e3 * max(m.client_gc_longest_s for m in measured)
         row: dict[str, object] = {
+            "client_gc_longest_ms": client_gc_ms,
             "direct_p50_ms": direct_p50,
             "direct_p99_ms": direct_p99,
             "direct_rps": direct_rps,
@@ -412,7 +423,8 @@ async def compare(
             f"concurrency {concurrency:>3}: direct p50 {direct_p50:.2f} ms, "
             f"{direct_rps:.0f} req/s, engine CPU {engine_cpu:.2f} ms/req; "
             f"fsync p50 {fsync_p50_ms:.2f} ms after a direct turn's pause "
-            f"({back_to_back_p50_ms:.2f} back to back)"
+            f"({back_to_back_p50_ms:.2f} back to back); the load client's longest full "
+            f"collection {client_gc_ms:.1f} ms"
         )
         for name, runs in proxy_runs.items():
             lat = [x for m in runs for x in m.latencies]

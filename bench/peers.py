@@ -322,7 +322,11 @@ async def compare(
                 runs[system.name].append(
                     await measure(system.call, per_round, concurrency, system.pid)
                 )
-        print(f"concurrency {concurrency}:")
+        client_gc_ms = 1e3 * max(m.client_gc_longest_s for ms in runs.values() for m in ms)
+        print(
+            f"concurrency {concurrency} (the load client's longest full collection "
+            f"{client_gc_ms:.1f} ms):"
+        )
         for name in direct:
             lat = [x for m in runs[name] for x in m.latencies]
             rps = statistics.median(m.rps for m in runs[name])

@@ -63,3 +63,31 @@ def test_the_fsync_floor_is_measured_after_the_pause_a_lone_turn_has(tmp_path: P
     assert all(t >= 0 for t in timings)
     assert not (tmp_path / "fsync-probe").exists()  # the probe file is gone
     assert len(fsync_seconds(tmp_path, 3)) == 3  # back to back by default
+
+
+def test_the_load_client_measures_with_its_heap_frozen() -> None:
+    """The load client's own full collections (100-240 ms with transformers imported)
+    stopped every client at once and showed as the proxy's p99: ``measure`` freezes the
+    client's heap while it measures, reports its longest full pass, and gives the heap back
+    afterwards."""
+    import asyncio
+    import gc
+    import os
+
+    import httpx
+
+    from bench.overhead import measure
+
+    frozen_during: list[int] = []
+
+    async def call(client: httpx.AsyncClient, slot: int) -> None:
+        frozen_during.append(gc.get_freeze_count())
+        gc.collect()  # a full pass, timed by the callback
+
+    before = gc.get_freeze_count()
+    measured = asyncio.run(measure(call, 3, 1, os.getpid()))
+    assert len(measured.latencies) == 3
+    assert frozen_during[0] == before  # the warm-up call runs before the freeze
+    assert all(count > before for count in frozen_during[1:])
+    assert measured.client_gc_longest_s > 0
+    assert gc.get_freeze_count() == before  # given back
