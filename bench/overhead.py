@@ -173,7 +173,7 @@ async def measure(call: Call, requests: int, concurrency: int, pid: int) -> Meas
 
     This process's heap is frozen while it measures (``kernel.heap.long_lived_frozen``, as
     the servers freeze theirs): with ``transformers`` imported, the load client's own full
-    collections took 100-240 ms at c=64 and stopped every client at once, the p99 stall
+    collections took up to 243 ms at c=64 and stopped every client at once, the p99 stall
     of about 230 ms these benchmarks used to show (``docs/performance.md``)."""
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)

@@ -66,7 +66,7 @@ def test_the_fsync_floor_is_measured_after_the_pause_a_lone_turn_has(tmp_path: P
 
 
 def test_the_load_client_measures_with_its_heap_frozen() -> None:
-    """The load client's own full collections (100-240 ms with transformers imported)
+    """The load client's own full collections (61-243 ms with transformers imported)
     stopped every client at once and showed as the proxy's p99: ``measure`` freezes the
     client's heap while it measures, reports its longest full pass, and gives the heap back
     afterwards."""
@@ -90,4 +90,4 @@ def test_the_load_client_measures_with_its_heap_frozen() -> None:
     assert frozen_during[0] == before  # the warm-up call runs before the freeze
     assert all(count > before for count in frozen_during[1:])
     assert measured.client_gc_longest_s > 0
-    assert gc.get_freeze_count() == before  # given back
+    assert gc.get_freeze_count() <= before  # given back (unfreezing gives back all)
