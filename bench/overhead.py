@@ -106,6 +106,9 @@ class Measured:
     rps: float
     cpu_s: float  # the server process's user + system CPU over the measured requests
     client_gc_longest_s: float  # this process's longest full collection meanwhile
+    machine_cpu_s: float  # every core's busy time meanwhile: client, servers, database, kernel
+    client_cpu_s: float  # this process's (the load client's) CPU meanwhile
+    backend_cpu_s: float | None = None  # the backend's, when ``measure`` was given its pid
 
 
 def rotated(items: Sequence[T], round_: int) -> list[T]:
@@ -141,6 +144,23 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu_seconds() -> float:
+    """Busy CPU seconds of the whole machine so far, all cores together (``/proc/stat``:
+    user, nice, system, irq and softirq time; idle, I/O wait and time stolen by the
+    hypervisor are not ours). On a machine whose cores a closed loop keeps busy, a
+    system's throughput is the cores over what a request costs all of them: its proxy, the
+    backend's work for what the proxy asks, the database server, the client reading its
+    answers, and the kernel's work on their sockets."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_ms(runs: Sequence[Measured], requests: int) -> float:
+    """What a request cost every core (``machine_cpu_seconds``), in ms."""
+    return 1e3 * sum(m.machine_cpu_s for m in runs) / requests
+
+
 def fsync_seconds(directory: Path, samples: int, pause_s: float = 0.0) -> list[float]:
     """One small append + fsync at a time on ``directory``'s disk, each after ``pause_s``
     of quiet: what a journaled turn waits for at least once.
@@ -167,9 +187,13 @@ def fsync_seconds(directory: Path, samples: int, pause_s: float = 0.0) -> list[f
 Call = Callable[[httpx.AsyncClient, int], Awaitable[None]]
 
 
-async def measure(call: Call, requests: int, concurrency: int, pid: int) -> Measured:
+async def measure(
+    call: Call, requests: int, concurrency: int, pid: int, backend_pid: int | None = None
+) -> Measured:
     """``requests`` calls from ``concurrency`` clients, each with its own keep-alive
-    connection and its own slot (a session, as each harness has its own).
+    connection and its own slot (a session, as each harness has its own). The CPU of
+    ``pid`` (the server called) and of ``backend_pid`` (the one it calls, when given) over
+    those calls, not the warm-up's.
 
     This process's heap is frozen while it measures (``kernel.heap.long_lived_frozen``, as
     the servers freeze theirs): with ``transformers`` imported, the load client's own full
@@ -190,13 +214,27 @@ async def measure(call: Call, requests: int, concurrency: int, pid: int) -> Meas
 
         with long_lived_frozen() as collections:
             cpu = cpu_seconds(pid)
+            backend = cpu_seconds(backend_pid) if backend_pid is not None else 0.0
+            machine, client_cpu = machine_cpu_seconds(), time.process_time()
             began = time.perf_counter()
             await asyncio.gather(*(worker(client, slot) for slot, client in enumerate(clients)))
             elapsed = time.perf_counter() - began
+            machine = machine_cpu_seconds() - machine
+            client_cpu = time.process_time() - client_cpu
             cpu = cpu_seconds(pid) - cpu
+            if backend_pid is not None:
+                backend = cpu_seconds(backend_pid) - backend
     finally:
         await asyncio.gather(*(client.aclose() for client in clients))
-    return Measured(latencies, requests / elapsed, cpu, collections.longest_s)
+    return Measured(
+        latencies,
+        requests / elapsed,
+        cpu,
+        collections.longest_s,
+        machine,
+        client_cpu,
+        backend if backend_pid is not None else None,
+    )
 
 
 def start_proxy(
@@ -416,6 +454,7 @@ async def compare(
             "direct_p99_ms": direct_p99,
             "direct_rps": direct_rps,
             "engine_cpu_ms_per_request": engine_cpu,
+            "direct_machine_cpu_ms_per_request": machine_ms(direct_runs, per_round * args.rounds),
             "fsync_p50_ms": fsync_p50_ms,
             "fsync_back_to_back_p50_ms": back_to_back_p50_ms,
         }
@@ -438,6 +477,7 @@ async def compare(
                 "proxy_rps": rps,
                 "throughput_ratio": rps / direct_rps,
                 "proxy_cpu_ms_per_request": cpu,
+                "machine_cpu_ms_per_request": machine_ms(runs, per_round * args.rounds),
                 "added_p50_ms": added_p50,
                 "added_p99_ms": added_p99,
                 "added_p50_beyond_fsync_ms": added_p50 - fsync_p50_ms,

@@ -26,10 +26,18 @@ session, per concurrent client) with the same two-message chat turn:
   session id).
 
 Per system: the added p50 against its own baseline, throughput as a ratio of its baseline's,
-and the proxy process's CPU per request. ``--baseline DIR`` (a checkout of another commit,
-``git worktree add DIR <commit>``) adds that commit's lego-proxy, once per database, to the
-same rounds: a before and after next to the peers. A peer that is not installed is skipped
-with the reason; the run goes on with the rest.
+the proxy process's CPU per request, what its calls cost its backend (the direct rows: their
+own CPU), and what a request cost the whole machine (every core's busy time,
+``bench.overhead.machine_cpu_seconds``: the proxy, its backend, a database server, the
+kernel) with the load client's share of it. Where the cores are saturated (c=16 and up on
+two cores), throughput follows the machine's figure, not the proxy's alone: a proxy that
+asks its backend for more (lego-proxy streams each answer and asks for the routed experts;
+slime's adapter takes one JSON body without them) spends cores outside its own process.
+
+``--baseline DIR`` (a checkout of another commit, ``git worktree add DIR <commit>``) adds
+that commit's lego-proxy, once per database, to the same rounds: a before and after next to
+the peers. A peer that is not installed is skipped with the reason; the run goes on with
+the rest.
 
 ``--reply-tokens N --token-ms MS [--incremental-streaming]`` (``bench.overhead``'s) shape the
 engine's replies as a decoding model's: then lego-proxy reads a harness's unstreamed turn in
@@ -73,6 +81,7 @@ from bench.overhead import (
     direct_call,
     engine_arguments,
     generate_body,
+    machine_ms,
     measure,
     percentile,
     rotated,
@@ -319,33 +328,50 @@ async def compare(
             for name, (pid, call) in direct.items():
                 runs[name].append(await measure(call, per_round, concurrency, pid))
             for system in rotated(systems, round_):
+                backend_pid = direct[system.baseline][0]
                 runs[system.name].append(
-                    await measure(system.call, per_round, concurrency, system.pid)
+                    await measure(system.call, per_round, concurrency, system.pid, backend_pid)
                 )
         client_gc_ms = 1e3 * max(m.client_gc_longest_s for ms in runs.values() for m in ms)
         print(
             f"concurrency {concurrency} (the load client's longest full collection "
             f"{client_gc_ms:.1f} ms):"
         )
+        requests = per_round * args.rounds
         for name in direct:
             lat = [x for m in runs[name] for x in m.latencies]
             rps = statistics.median(m.rps for m in runs[name])
-            cpu = 1e3 * sum(m.cpu_s for m in runs[name]) / (per_round * args.rounds)
+            cpu = 1e3 * sum(m.cpu_s for m in runs[name]) / requests
             print(
                 f"  {name:<16} direct p50 {1e3 * percentile(lat, 0.5):7.2f} ms, "
-                f"{rps:6.0f} req/s, CPU {cpu:.2f} ms/req"
+                f"{rps:6.0f} req/s, CPU {cpu:.2f} ms/req; {_machine(runs[name], requests)}"
             )
         for system in systems:
             lat = [x for m in runs[system.name] for x in m.latencies]
             base = [x for m in runs[system.baseline] for x in m.latencies]
             rps = statistics.median(m.rps for m in runs[system.name])
             base_rps = statistics.median(m.rps for m in runs[system.baseline])
-            cpu = 1e3 * sum(m.cpu_s for m in runs[system.name]) / (per_round * args.rounds)
+            cpu = 1e3 * sum(m.cpu_s for m in runs[system.name]) / requests
             added = 1e3 * (percentile(lat, 0.5) - percentile(base, 0.5))
             print(
                 f"  {system.name:<16} added p50 {added:7.2f} ms, throughput / its own direct "
-                f"{rps / base_rps:.2f} ({rps:.0f} req/s), proxy CPU {cpu:.2f} ms/req"
+                f"{rps / base_rps:.2f} ({rps:.0f} req/s), proxy CPU {cpu:.2f} ms/req, "
+                f"its backend's {_backend(runs[system.name], requests)}; "
+                f"{_machine(runs[system.name], requests)}"
             )
+
+
+def _backend(runs: list[Measured], requests: int) -> str:
+    """What the proxy's calls cost its backend a request (the direct rows' own CPU)."""
+    spent = [m.backend_cpu_s for m in runs]
+    return "?" if None in spent else f"{1e3 * sum(s or 0.0 for s in spent) / requests:.2f}"
+
+
+def _machine(runs: list[Measured], requests: int) -> str:
+    """What the requests cost the whole machine, and the load client's part of it."""
+    machine = machine_ms(runs, requests)
+    client = 1e3 * sum(m.client_cpu_s for m in runs) / requests
+    return f"machine CPU {machine:.2f} ms/req (load client {client:.2f})"
 
 
 def main() -> None:

@@ -91,3 +91,38 @@ def test_the_load_client_measures_with_its_heap_frozen() -> None:
     assert all(count > before for count in frozen_during[1:])
     assert measured.client_gc_longest_s > 0
     assert gc.get_freeze_count() <= before  # given back (unfreezing gives back all)
+
+
+def test_the_load_client_reports_what_its_requests_cost_the_machine() -> None:
+    """``measure`` reports every core's busy time and the load client's own CPU over the
+    measured calls, and, given its pid, a backend's: the machine's is at least the client's
+    (``/proc/stat`` counts in ticks of 10 ms, hence the calls' 40 ms each), and the backend
+    here is a process of its own that spins all along, so its CPU is its and not ours."""
+    import asyncio
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from bench.overhead import measure
+
+    async def call(client: httpx.AsyncClient, slot: int) -> None:
+        until = time.process_time() + 0.04
+        while time.process_time() < until:
+            pass
+
+    backend = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # its start-up is not in the window
+        measured = asyncio.run(measure(call, 3, 1, backend.pid, backend_pid=backend.pid))
+    finally:
+        backend.kill()
+        backend.wait()
+    assert measured.client_cpu_s >= 0.11  # the three measured calls, not the warm-up
+    assert measured.client_cpu_s < 0.16 + 0.1
+    assert measured.machine_cpu_s >= measured.client_cpu_s - 0.03  # one tick each end
+    assert measured.backend_cpu_s is not None
+    assert measured.backend_cpu_s >= 0.03  # it spun through the calls' 0.12 s or more
+    assert abs(measured.cpu_s - measured.backend_cpu_s) <= 0.02  # the same pid, twice
+    assert asyncio.run(measure(call, 1, 1, backend.pid)).backend_cpu_s is None
