@@ -7,6 +7,14 @@ because the template already writes every special token it wants.
 
 This renders the whole conversation; the history ledger builds on it to render only the
 new messages of a continuing session.
+
+``Renderer.encode`` is ``tokenizer.encode(text, add_special_tokens=False)``. On a fast
+tokenizer it calls the Rust tokenizer's own ``encode``, which is what transformers' wrapper
+calls too, after resetting truncation and padding to none and setting whether special-token
+text is split: 30-40 us of Python a call on the development machine (59 against 99 us for a
+187-character prompt), paid by every root's render and every continuation's suffix. Where the
+Rust tokenizer's state is not what the wrapper would set (truncating, padding, or splitting
+special tokens otherwise) the wrapper's own path runs.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from kernel.errors import InvalidRequest, LegoError
@@ -76,6 +85,8 @@ def _arguments(arguments: str) -> str | JsonObject:
 class Renderer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self._tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend: Tokenizer | None = backend if isinstance(backend, Tokenizer) else None
 
     def render_text(self, request: ChatRequest, *, generation_prompt: bool = True) -> str:
         tools = (
@@ -103,5 +114,19 @@ class Renderer:
         return text
 
     def render(self, request: ChatRequest) -> list[int]:
-        ids: list[int] = self._tokenizer.encode(self.render_text(request), add_special_tokens=False)
-        return ids
+        return self.encode(self.render_text(request))
+
+    def encode(self, text: str) -> list[int]:
+        """``tokenizer.encode(text, add_special_tokens=False)`` (module docstring)."""
+        backend = self._backend
+        if (
+            backend is not None
+            and backend.truncation is None
+            and backend.padding is None
+            and backend.encode_special_tokens
+            == bool(getattr(self._tokenizer, "split_special_tokens", False))
+        ):
+            ids: list[int] = backend.encode(text, add_special_tokens=False).ids
+            return ids
+        encoded: list[int] = self._tokenizer.encode(text, add_special_tokens=False)
+        return encoded

@@ -105,7 +105,7 @@ class IncrementalRenderer:
         self, messages: Sequence[Message], enable_thinking: bool | None
     ) -> tuple[int, ...]:
         text = self.suffix_text(messages, enable_thinking)
-        return tuple(self._tokenizer.encode(text, add_special_tokens=False))
+        return tuple(self._renderer.encode(text))
 
 
 def decoded(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
