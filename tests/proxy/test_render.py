@@ -5,6 +5,8 @@ when it is not."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,3 +115,32 @@ def test_a_tokenizer_that_splits_special_tokens_is_encoded_as_the_wrapper_does(
     assert renderer.encode(text) == split
     tokenizer.split_special_tokens = False
     assert renderer.encode(text) == as_special
+
+
+@pytest.mark.parametrize("tokenizer", ["qwen3"], indirect=True)
+def test_a_large_encode_lets_other_threads_run(tokenizer: PreTrainedTokenizerBase) -> None:
+    """The ledger renders a large prompt in a worker thread so that the event loop keeps
+    serving (``proxy.ledger.book.plan_off_loop``): the encode must let go of the GIL while
+    it tokenizes. Here the main thread ticks while a worker encodes; its longest stall is
+    a small part of the encode's time, not the whole of it."""
+    renderer = Renderer(tokenizer)
+    text = " ".join(f"word{n} = compute({n})" for n in range(20_000))
+    took: list[float] = []
+
+    def encode() -> None:
+        began = time.perf_counter()
+        renderer.encode(text)
+        took.append(time.perf_counter() - began)
+
+    worker = threading.Thread(target=encode)
+    last = time.perf_counter()
+    longest = 0.0
+    worker.start()
+    while worker.is_alive():
+        time.sleep(0.001)
+        now = time.perf_counter()
+        longest = max(longest, now - last)
+        last = now
+    worker.join()
+    assert took[0] > 0.1  # long enough for a stall to show
+    assert longest < took[0] / 3
