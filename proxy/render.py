@@ -11,9 +11,9 @@ new messages of a continuing session.
 ``Renderer.encode`` is ``tokenizer.encode(text, add_special_tokens=False)``. On a fast
 tokenizer it makes the wrapper's own call to the Rust tokenizer, ``encode_batch`` of the one
 text, without the wrapper's Python around it (argument checks, resetting truncation and
-padding to none, setting whether special-token text is split, a ``BatchEncoding``): 7-50 us
-a call on the development machine, paid by every root's render and every continuation's
-suffix. ``encode_batch``, not ``encode``: it lets go of the GIL while it tokenizes, as the
+padding to none, setting whether special-token text is split, a ``BatchEncoding``): 23-31 us
+of a root turn's render on the development machine, paid by every root's render and every
+continuation's suffix. ``encode_batch``, not ``encode``: it lets go of the GIL while it tokenizes, as the
 ledger's renders in a worker thread need (``Tokenizer.encode`` holds it, and a large prompt
 would stall the event loop for the whole of its tokenizing). Where the Rust tokenizer's
 state is not what the wrapper would set (truncating, padding, or splitting special tokens
