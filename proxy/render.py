@@ -11,13 +11,13 @@ new messages of a continuing session.
 ``Renderer.encode`` is ``tokenizer.encode(text, add_special_tokens=False)``. On a fast
 tokenizer it makes the wrapper's own call to the Rust tokenizer, ``encode_batch`` of the one
 text, without the wrapper's Python around it (argument checks, resetting truncation and
-padding to none, setting whether special-token text is split, a ``BatchEncoding``): 23-31 us
-of a root turn's render on the development machine, paid by every root's render and every
-continuation's suffix. ``encode_batch``, not ``encode``: it lets go of the GIL while it tokenizes, as the
-ledger's renders in a worker thread need (``Tokenizer.encode`` holds it, and a large prompt
-would stall the event loop for the whole of its tokenizing). Where the Rust tokenizer's
-state is not what the wrapper would set (truncating, padding, or splitting special tokens
-otherwise) the wrapper's own path runs.
+padding to none, setting whether special-token text is split, a ``BatchEncoding``): 23-31
+us of a root turn's render on the development machine, paid by every root's render and
+every continuation's suffix. ``encode_batch``, not ``encode``: it lets go of the GIL while
+it tokenizes, as the ledger's renders in a worker thread need (``Tokenizer.encode`` holds
+it, and a large prompt would stall the event loop for the whole of its tokenizing). Where
+the Rust tokenizer's state is not what the wrapper would set (truncating, padding, or
+splitting special tokens otherwise) the wrapper's own path runs.
 """
 
 from __future__ import annotations
@@ -85,11 +85,17 @@ def _arguments(arguments: str) -> str | JsonObject:
     return parsed if isinstance(parsed, dict) else arguments
 
 
+def rust_tokenizer(tokenizer: PreTrainedTokenizerBase) -> Tokenizer | None:
+    """A fast tokenizer's own Rust tokenizer (what its Python wrapper calls); None for a
+    slow one."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
+
+
 class Renderer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self._tokenizer = tokenizer
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._backend: Tokenizer | None = backend if isinstance(backend, Tokenizer) else None
+        self._backend = rust_tokenizer(tokenizer)
 
     def render_text(self, request: ChatRequest, *, generation_prompt: bool = True) -> str:
         tools = (

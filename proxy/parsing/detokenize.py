@@ -27,9 +27,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tokenizers import Tokenizer
-
 from kernel.errors import LegoError
+from proxy.render import rust_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -76,8 +75,7 @@ class IncrementalDetokenizer:
         # A fast tokenizer's own Rust decode: what ``tokenizer.decode`` calls (with special
         # tokens kept and no clean-up of spaces, as here), without its 2 us of Python
         # around each call; a feed decodes twice.
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._backend: Tokenizer | None = backend if isinstance(backend, Tokenizer) else None
+        self._backend = rust_tokenizer(tokenizer)
         self._special = special if special is not None else special_token_ids(tokenizer, keep)
         self._ids: list[int] = []
         self._prefix = 0  # start of the left context of the next window
