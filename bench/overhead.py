@@ -45,7 +45,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,9 +156,9 @@ def machine_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-def machine_ms(runs: Sequence[Measured], requests: int) -> float:
-    """What a request cost every core (``machine_cpu_seconds``), in ms."""
-    return 1e3 * sum(m.machine_cpu_s for m in runs) / requests
+def ms_per_request(seconds: Iterable[float], requests: int) -> float:
+    """CPU seconds spent over ``requests`` requests, in ms a request."""
+    return 1e3 * sum(seconds) / requests
 
 
 def fsync_seconds(directory: Path, samples: int, pause_s: float = 0.0) -> list[float]:
@@ -445,7 +445,8 @@ async def compare(
         back_to_back_p50_ms = 1e3 * percentile(back_to_back, 0.5)
         direct_p50 = 1e3 * percentile(direct_lat, 0.5)
         direct_p99 = 1e3 * percentile(direct_lat, 0.99)
-        engine_cpu = 1e3 * sum(m.cpu_s for m in direct_runs) / (per_round * args.rounds)
+        requests = per_round * args.rounds
+        engine_cpu = ms_per_request((m.cpu_s for m in direct_runs), requests)
         measured = [*direct_runs, *(m for runs in proxy_runs.values() for m in runs)]
         client_gc_ms = 1e3 * max(m.client_gc_longest_s for m in measured)
         row: dict[str, object] = {
@@ -454,7 +455,9 @@ async def compare(
             "direct_p99_ms": direct_p99,
             "direct_rps": direct_rps,
             "engine_cpu_ms_per_request": engine_cpu,
-            "direct_machine_cpu_ms_per_request": machine_ms(direct_runs, per_round * args.rounds),
+            "direct_machine_cpu_ms_per_request": ms_per_request(
+                (m.machine_cpu_s for m in direct_runs), requests
+            ),
             "fsync_p50_ms": fsync_p50_ms,
             "fsync_back_to_back_p50_ms": back_to_back_p50_ms,
         }
@@ -470,14 +473,16 @@ async def compare(
             rps = statistics.median(m.rps for m in runs)
             added_p50 = 1e3 * percentile(lat, 0.5) - direct_p50
             added_p99 = 1e3 * percentile(lat, 0.99) - direct_p99
-            cpu = 1e3 * sum(m.cpu_s for m in runs) / (per_round * args.rounds)
+            cpu = ms_per_request((m.cpu_s for m in runs), requests)
             row[name] = {
                 "proxy_p50_ms": 1e3 * percentile(lat, 0.5),
                 "proxy_p99_ms": 1e3 * percentile(lat, 0.99),
                 "proxy_rps": rps,
                 "throughput_ratio": rps / direct_rps,
                 "proxy_cpu_ms_per_request": cpu,
-                "machine_cpu_ms_per_request": machine_ms(runs, per_round * args.rounds),
+                "machine_cpu_ms_per_request": ms_per_request(
+                    (m.machine_cpu_s for m in runs), requests
+                ),
                 "added_p50_ms": added_p50,
                 "added_p99_ms": added_p99,
                 "added_p50_beyond_fsync_ms": added_p50 - fsync_p50_ms,

@@ -81,8 +81,8 @@ from bench.overhead import (
     direct_call,
     engine_arguments,
     generate_body,
-    machine_ms,
     measure,
+    ms_per_request,
     percentile,
     rotated,
     stack,
@@ -341,7 +341,7 @@ async def compare(
         for name in direct:
             lat = [x for m in runs[name] for x in m.latencies]
             rps = statistics.median(m.rps for m in runs[name])
-            cpu = 1e3 * sum(m.cpu_s for m in runs[name]) / requests
+            cpu = ms_per_request((m.cpu_s for m in runs[name]), requests)
             print(
                 f"  {name:<16} direct p50 {1e3 * percentile(lat, 0.5):7.2f} ms, "
                 f"{rps:6.0f} req/s, CPU {cpu:.2f} ms/req; {_machine(runs[name], requests)}"
@@ -351,26 +351,22 @@ async def compare(
             base = [x for m in runs[system.baseline] for x in m.latencies]
             rps = statistics.median(m.rps for m in runs[system.name])
             base_rps = statistics.median(m.rps for m in runs[system.baseline])
-            cpu = 1e3 * sum(m.cpu_s for m in runs[system.name]) / requests
+            cpu = ms_per_request((m.cpu_s for m in runs[system.name]), requests)
+            # Measured with its backend's pid, so never None here.
+            backend = ms_per_request((m.backend_cpu_s or 0.0 for m in runs[system.name]), requests)
             added = 1e3 * (percentile(lat, 0.5) - percentile(base, 0.5))
             print(
                 f"  {system.name:<16} added p50 {added:7.2f} ms, throughput / its own direct "
                 f"{rps / base_rps:.2f} ({rps:.0f} req/s), proxy CPU {cpu:.2f} ms/req, "
-                f"its backend's {_backend(runs[system.name], requests)}; "
+                f"its backend's {backend:.2f}; "
                 f"{_machine(runs[system.name], requests)}"
             )
 
 
-def _backend(runs: list[Measured], requests: int) -> str:
-    """What the proxy's calls cost its backend a request (the direct rows' own CPU)."""
-    spent = [m.backend_cpu_s for m in runs]
-    return "?" if None in spent else f"{1e3 * sum(s or 0.0 for s in spent) / requests:.2f}"
-
-
 def _machine(runs: list[Measured], requests: int) -> str:
     """What the requests cost the whole machine, and the load client's part of it."""
-    machine = machine_ms(runs, requests)
-    client = 1e3 * sum(m.client_cpu_s for m in runs) / requests
+    machine = ms_per_request((m.machine_cpu_s for m in runs), requests)
+    client = ms_per_request((m.client_cpu_s for m in runs), requests)
     return f"machine CPU {machine:.2f} ms/req (load client {client:.2f})"
 
 
