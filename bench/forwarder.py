@@ -33,7 +33,7 @@ if not __package__:
 import orjson
 
 from bench.overhead import REPLY_TOKENS, generate_body
-from proxy.backend import CONNECT_TIMEOUT_S, KEEPALIVE_S
+from proxy.backend import CONNECT_TIMEOUT_S, KEEPALIVE_S, SETTLE_TIMEOUT_S
 from proxy.settings import Settings
 from proxy.stream_client import StreamClient
 
@@ -68,7 +68,9 @@ class Forwarder:
     def __init__(self, engine_url: str, generate: dict[str, object]) -> None:
         self._url = f"{engine_url.rstrip('/')}/generate"
         self._body = orjson.dumps(generate)
-        self._client = StreamClient(connect_timeout_s=CONNECT_TIMEOUT_S, keepalive_s=KEEPALIVE_S)
+        self._client = StreamClient(
+            connect_timeout_s=CONNECT_TIMEOUT_S, keepalive_s=KEEPALIVE_S, settle_s=SETTLE_TIMEOUT_S
+        )
 
     @property
     def connections_opened(self) -> int:

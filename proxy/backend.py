@@ -86,7 +86,7 @@ ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 CONNECT_TIMEOUT_S = 5.0
 KEEPALIVE_S = 4.0  # an idle pooled generation connection is closed after this
 # How long the end of a finished stream may take to arrive before its connection is dropped.
-DRAIN_TIMEOUT_S = 1.0
+SETTLE_TIMEOUT_S = 1.0
 
 _log = logging.getLogger(__name__)
 
@@ -474,15 +474,14 @@ class SGLangBackend:
                         if end.type == "abort" and end.status_code is not None:
                             # SGLang's refusals and timeouts: an error, not a pause to resume.
                             raise refusal(str(end.message), int(end.status_code))
-                        drained = await self._drain(response)
-                        # Nothing more is read: the connection is settled now, before the end
-                        # is yielded (a consumer that stops at the end never resumes this).
+                        # Nothing more is read: the connection is released now, before the
+                        # end is yielded (a consumer that stops at the end never resumes
+                        # this). The stream's tail (``data: [DONE]``, the chunked body's
+                        # end) is the stream client's to take as it comes: the turn goes on
+                        # without waiting for it, and the connection is pooled once it came.
                         finished = True
                         silence.stop()
-                        if drained:
-                            response.release()  # read to its end: back to the pool
-                        else:
-                            response.close()
+                        response.release()
                         yield GenerationEnd(
                             finish=end,
                             weight_version=str(meta.get("weight_version", "default")),
@@ -513,23 +512,6 @@ class SGLangBackend:
             silence.stop()
             if not finished:
                 response.close()  # cut short (an error, a disconnect): drop the connection
-
-    async def _drain(self, response: BackendConnection) -> bool:
-        """Reads what follows the finish chunk (``data: [DONE]`` and the end of the chunked
-        body) so the connection can go back to the pool: one released before its body
-        ends cannot, and the next turn would pay a new TCP connect. Bounded, so a backend
-        that keeps the stream open after its finish costs a connection, never a turn.
-        True when the body was read to its end. The tail usually came with the finish
-        chunk: then it is taken as it is, with no timer armed."""
-        with contextlib.suppress(StreamBroken, TimeoutError):
-            response.read_nowait()
-            if response.complete:
-                return True
-            async with asyncio.timeout(DRAIN_TIMEOUT_S):
-                while await response.readany():
-                    pass
-                return True
-        return False
 
     async def abort(self, rid: str) -> None:
         """Best effort: the request may already be finished, which is fine. ``rid`` must be
@@ -619,6 +601,9 @@ def stream_client() -> StreamClient:
     as there are concurrent generations (SGLang serves each on its own); a connect that takes
     over ``CONNECT_TIMEOUT_S`` fails (the turn moves to the next worker). An idle connection
     is let go before SGLang's uvicorn closes it (its keep-alive timeout is 5 s), so a turn
-    never starts on one the server is closing. A silent stream is ``SGLangBackend``'s to
+    never starts on one the server is closing. A finished stream's tail that takes over
+    ``SETTLE_TIMEOUT_S`` costs its connection. A silent stream is ``SGLangBackend``'s to
     time out (``_Silence``)."""
-    return StreamClient(connect_timeout_s=CONNECT_TIMEOUT_S, keepalive_s=KEEPALIVE_S)
+    return StreamClient(
+        connect_timeout_s=CONNECT_TIMEOUT_S, keepalive_s=KEEPALIVE_S, settle_s=SETTLE_TIMEOUT_S
+    )

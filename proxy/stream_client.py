@@ -23,8 +23,16 @@ Contract:
   connection ends, or is closed by ``close``, before the body does; bytes that came first
   are returned first.
 - ``release`` puts a connection whose answer was read to its end (and that the server keeps
-  alive) back in the pool; anything else is closed. ``close`` always closes. Both may be
-  called more than once.
+  alive) back in the pool. One released while the end of its answer is still on its way
+  (the caller has what it needs: SGLang's finish chunk comes before ``data: [DONE]`` and the
+  chunked body's end, in writes of their own) is *settling*: the rest of its answer is
+  dropped as it arrives, and it goes back to the pool when the answer ends. The caller never
+  waits for that tail. A ``post`` that finds no idle connection waits for a settling one
+  rather than opening another, so sequential calls keep one connection however late the
+  tail comes; it waits at most until that connection's ``settle_s`` has run out, and a
+  connection whose answer has not ended by then is closed. Anything else released (an
+  answer whose end comes only with its connection, a failed one) is closed. ``close``
+  always closes. Both may be called more than once.
 - A connection idle in the pool for ``keepalive_s`` is never reused (close it before the
   server's own keep-alive timeout can close it under a new request); one the server closed
   leaves the pool at once. ``StreamClient.close`` closes every connection, in use or not.
@@ -34,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -101,10 +110,12 @@ class BackendConnection(asyncio.Protocol):
         self._sized = False  # the answer says where its body ends (length or chunks)
         self._closed = False
         self._keep_alive = False
+        self._settling = False  # released before its answer ended: pooled when it does
         self.status = 0
         self.headers_done = False
         self.complete = False  # the answer's body has ended
         self.idle_since = 0.0
+        self.settle_by = 0.0  # of a settling connection: when its answer must have ended
 
     # -- asyncio's side ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -145,6 +156,8 @@ class BackendConnection(asyncio.Protocol):
             self._sized = True  # no body follows
 
     def on_body(self, body: bytes) -> None:
+        if self._settling:
+            return  # the tail of an answer its caller is done with
         self._body.append(body)
         self._buffered += len(body)
 
@@ -152,6 +165,9 @@ class BackendConnection(asyncio.Protocol):
         self.complete = True
         # Asked now: llhttp forgets the answer's flags once the next message starts.
         self._keep_alive = self._parser.should_keep_alive()
+        if self._settling:
+            self._settling = False
+            self.release()  # pooled (to a post waiting for it, if any), or closed
 
     # -- the caller's side --------------------------------------------------------
     def send(self, head: bytes, body: bytes) -> None:
@@ -203,12 +219,22 @@ class BackendConnection(asyncio.Protocol):
 
     def release(self) -> None:
         """Back to the pool when its answer was read to the end and the server keeps it
-        alive; closed otherwise."""
-        if self._closed:
+        alive; settling when the answer's end is still to come (module docstring); closed
+        otherwise."""
+        if self._closed or self._settling:
             return
-        if self.complete and self._keep_alive and self._failure is None:
-            self._body.clear()
-            self._buffered = 0
+        if self._failure is not None or not (self.complete or self._sized):
+            self.close()  # failed, or an answer that ends only with its connection
+            return
+        self._body.clear()
+        self._buffered = 0
+        if not self.complete:
+            self._settling = True
+            self._client.settling(self)
+            if self._paused and self._transport is not None:
+                self._paused = False  # what is left is dropped as it comes, never buffered
+                self._transport.resume_reading()
+        elif self._keep_alive:
             self._client.put_back(self)
         else:
             self.close()
@@ -217,6 +243,7 @@ class BackendConnection(asyncio.Protocol):
         """Drop the connection; a read waiting on it fails at once."""
         if not self.complete:
             self._fail(f"the connection to {self.origin.key} was closed by the proxy")
+        self._settling = False
         if not self._closed:
             self._closed = True
             self._client.forget(self)
@@ -254,6 +281,7 @@ class StreamClient:
         *,
         connect_timeout_s: float,
         keepalive_s: float,
+        settle_s: float,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         """The timeouts are the caller's policy (``proxy.backend.stream_client``)."""
@@ -263,6 +291,10 @@ class StreamClient:
         self._idle: dict[str, list[BackendConnection]] = {}  # origin key -> newest last
         self._open: set[BackendConnection] = set()
         self._tls = tls  # what an https worker is verified with; None: the system's CAs
+        self._settle_s = settle_s
+        self._settling: dict[str, list[BackendConnection]] = {}  # origin key -> oldest first
+        # Posts waiting for a settling connection of an origin, first come first served.
+        self._waiting: dict[str, deque[asyncio.Future[BackendConnection | None]]] = {}
         self._closed = False
         self.opened = 0  # connections ever opened: what a pooled client keeps low
 
@@ -273,7 +305,15 @@ class StreamClient:
         if origin is None:
             origin = self._origins[url] = _Origin.of(url)
         head = origin.head + _header_lines(headers, len(body))
-        connection = self._pooled(origin.key) or await self._connect(origin)
+        connection = self._pooled(origin.key)
+        if connection is None and self._settling.get(origin.key):
+            connection = await self._settled(origin.key)
+            if self._closed:
+                if connection is not None:
+                    connection.close()
+                raise BackendUnavailable("the backend's stream client is closed")
+        if connection is None:
+            connection = await self._connect(origin)
         try:
             connection.send(head, body)
             await connection.wait_headers()
@@ -301,6 +341,38 @@ class StreamClient:
         idle.clear()
         return None
 
+    async def _settled(self, key: str) -> BackendConnection | None:
+        """A settling connection of ``key`` once its answer has ended (or any connection
+        put back first); None when every settling one is already awaited by an earlier
+        post, or none ended in time: the caller opens a connection of its own."""
+        settling = self._settling[key]
+        loop = asyncio.get_running_loop()
+        for late in [c for c in settling if c.settle_by <= loop.time()]:
+            late.close()  # its answer never ended: it costs a connection, not another wait
+        waiting = self._waiting.setdefault(key, deque())
+        if len(settling) <= len(waiting):
+            return None
+        until = max(c.settle_by for c in settling)
+        turn: asyncio.Future[BackendConnection | None] = loop.create_future()
+        waiting.append(turn)
+        try:
+            async with asyncio.timeout_at(until):
+                return await turn
+        except TimeoutError:
+            handed = _handed(turn)
+            if handed is None:
+                for late in [c for c in settling if c.settle_by <= loop.time()]:
+                    late.close()
+            return handed
+        except BaseException:
+            # Cancelled in the instant a connection was handed over: it stays pooled.
+            if (handed := _handed(turn)) is not None:
+                self.put_back(handed)
+            raise
+        finally:
+            if turn in waiting:
+                waiting.remove(turn)
+
     async def _connect(self, origin: _Origin) -> BackendConnection:
         loop = asyncio.get_running_loop()
         tls: ssl.SSLContext | None = None
@@ -319,20 +391,53 @@ class StreamClient:
         self._open.add(connection)
         return connection
 
+    def settling(self, connection: BackendConnection) -> None:
+        """A connection released before its answer ended (``BackendConnection.release``)."""
+        connection.settle_by = asyncio.get_running_loop().time() + self._settle_s
+        self._settling.setdefault(connection.origin.key, []).append(connection)
+
     def put_back(self, connection: BackendConnection) -> None:
-        """A connection whose answer was read to its end: idle, ready for the next."""
+        """A connection whose answer was read to its end: to the first post waiting for one,
+        else idle, ready for the next."""
         if self._closed:
             connection.close()
             return
+        key = connection.origin.key
+        self._unsettle(connection)
+        waiting = self._waiting.get(key)
+        while waiting:
+            turn = waiting.popleft()
+            if not turn.done():
+                turn.set_result(connection)
+                return
         connection.idle_since = asyncio.get_running_loop().time()
-        self._idle.setdefault(connection.origin.key, []).append(connection)
+        self._idle.setdefault(key, []).append(connection)
 
     def forget(self, connection: BackendConnection) -> None:
-        """A connection that closed: out of the pool."""
+        """A connection that closed: out of the pool. One that was settling was awaited:
+        its first waiter opens a connection of its own instead."""
         self._open.discard(connection)
         idle = self._idle.get(connection.origin.key)
         if idle and connection in idle:
             idle.remove(connection)
+        if self._unsettle(connection):
+            waiting = self._waiting.get(connection.origin.key)
+            while waiting:
+                turn = waiting.popleft()
+                if not turn.done():
+                    turn.set_result(None)
+                    return
+
+    def _unsettle(self, connection: BackendConnection) -> bool:
+        settling = self._settling.get(connection.origin.key)
+        if settling and connection in settling:
+            settling.remove(connection)
+            return True
+        return False
+
+
+def _handed(turn: asyncio.Future[BackendConnection | None]) -> BackendConnection | None:
+    return turn.result() if turn.done() and not turn.cancelled() else None
 
 
 def _header_lines(headers: Mapping[str, str], length: int) -> bytes:

@@ -18,7 +18,7 @@ from orjson import dumps
 
 from engine.config import EngineConfig
 from engine.loopback import running_engine
-from proxy.backend import DRAIN_TIMEOUT_S, GenerateCall, GenerationEnd, SGLangBackend
+from proxy.backend import SETTLE_TIMEOUT_S, GenerateCall, GenerationEnd, SGLangBackend
 from tests.proxy.conftest import running_proxy
 from tests.support.tcp_relay import TcpRelay
 
@@ -100,10 +100,12 @@ def test_turns_through_the_proxy_open_no_connection_each(
 class _TailedBackend:
     """A ``/generate`` stream whose tail (``data: [DONE]`` and the chunked body's end)
     comes in the finish chunk's segment (0), ``tail_after_s`` later, or never (None): what
-    a slow or misbehaving SGLang front sends. Counts the connections it accepts."""
+    a slow or misbehaving SGLang front sends; with ``gated``, once the test sets ``gate``
+    (each answer's tail takes one ``set``). Counts the connections it accepts."""
 
-    def __init__(self, tail_after_s: float | None) -> None:
+    def __init__(self, tail_after_s: float | None, *, gated: bool = False) -> None:
         self.tail_after_s = tail_after_s
+        self.gate: asyncio.Event | None = asyncio.Event() if gated else None
         self.accepted = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -155,8 +157,11 @@ class _TailedBackend:
                     continue
                 writer.write(head)
                 await writer.drain()
-                # None: never, held open until the client gives up
-                await asyncio.sleep(3600 if self.tail_after_s is None else self.tail_after_s)
+                if self.gate is not None:
+                    await self.gate.wait()
+                    self.gate.clear()
+                else:  # None: never, held open until the client gives up
+                    await asyncio.sleep(3600 if self.tail_after_s is None else self.tail_after_s)
                 writer.write(tail)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -173,7 +178,7 @@ def _chunk(data: bytes) -> bytes:
 async def test_a_stream_whose_tail_comes_now_or_later_keeps_its_connection(
     tail_after_s: float,
 ) -> None:
-    """The tail taken as it came (no timer armed) or waited for (within DRAIN_TIMEOUT_S):
+    """The tail taken as it came (no timer armed) or waited for (within SETTLE_TIMEOUT_S):
     either way the connection goes back to the pool."""
     backend_server = _TailedBackend(tail_after_s)
     async with (
@@ -188,7 +193,26 @@ async def test_a_stream_whose_tail_comes_now_or_later_keeps_its_connection(
     assert backend_server.accepted == 1
 
 
-async def test_a_stream_whose_tail_never_comes_costs_a_connection_not_the_turn() -> None:
+async def test_a_turn_ends_before_its_streams_tail_comes_and_keeps_its_connection() -> None:
+    """The finish chunk ends the turn: the tail, held back until the turn has its end,
+    comes later, and the next turn still reuses the connection."""
+    backend_server = _TailedBackend(None, gated=True)
+    async with (
+        backend_server as url,
+        httpx.AsyncClient() as client,
+        SGLangBackend(client, [url], None) as backend,
+    ):
+        assert backend_server.gate is not None
+        for turn in range(3):
+            items = [item async for item in backend.generate(call(f"g{turn}"))]
+            assert isinstance(items[-1], GenerationEnd)
+            assert items[-1].finish.type == "length"
+            backend_server.gate.set()  # only now: the turn never waited for its tail
+    assert backend_server.accepted == 1
+
+
+async def test_a_stream_whose_tail_never_comes_costs_a_connection() -> None:
+    """The next turn waits at most SETTLE_TIMEOUT_S for the connection, then opens one."""
     backend_server = _TailedBackend(None)
     async with (
         backend_server as url,
@@ -199,5 +223,5 @@ async def test_a_stream_whose_tail_never_comes_costs_a_connection_not_the_turn()
             began = time.monotonic()
             items = [item async for item in backend.generate(call(f"n{turn}"))]
             assert isinstance(items[-1], GenerationEnd)
-            assert time.monotonic() - began < DRAIN_TIMEOUT_S + 2
+            assert time.monotonic() - began < SETTLE_TIMEOUT_S + 2
     assert backend_server.accepted == 2  # the held one was dropped, not reused

@@ -32,8 +32,10 @@ CHUNKED = (
 )
 
 
-def new_client(keepalive_s: float = 4.0, tls: ssl.SSLContext | None = None) -> StreamClient:
-    return StreamClient(connect_timeout_s=5.0, keepalive_s=keepalive_s, tls=tls)
+def new_client(
+    keepalive_s: float = 4.0, tls: ssl.SSLContext | None = None, settle_s: float = 1.0
+) -> StreamClient:
+    return StreamClient(connect_timeout_s=5.0, keepalive_s=keepalive_s, settle_s=settle_s, tls=tls)
 
 
 class Server:
@@ -236,6 +238,169 @@ async def test_a_reader_that_stops_reading_pauses_the_socket() -> None:
         assert await response.readany()  # reading again resumes the socket
         response.close()
         await client.close()
+
+
+class Tailed:
+    """Answers whose tail (the last chunk and the chunked body's end) waits for ``gate``,
+    as SGLang's ``data: [DONE]`` comes in a write after its finish chunk. Every answer
+    after the first, or all when ``every`` is set, is held so. ``hold="eof"`` holds the
+    tail until the client closes the connection, and counts those closes; ``"close"``
+    closes the connection at the gate instead of sending the tail."""
+
+    def __init__(self, *, every: bool = False, hold: str = "gate") -> None:
+        self.gate = asyncio.Event()
+        self.every = every
+        self.hold = hold
+        self.answered = 0
+        self.closed_by_client = 0
+
+    async def __call__(
+        self, _head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        self.answered += 1
+        writer.write(CHUNKED + chunk(b"data: finish\n\n"))
+        await writer.drain()
+        if self.answered == 1 or self.every:
+            if self.hold == "eof":
+                assert await reader.read() == b""
+                self.closed_by_client += 1
+                return False
+            await self.gate.wait()
+            if self.hold == "close":
+                return False
+        writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+
+async def finish_and_release(client: StreamClient, url: str) -> None:
+    """Reads an answer's first chunk, as the backend reads SGLang's finish chunk, and
+    releases the connection with the answer's tail still to come."""
+    response = await client.post(f"{url}/generate", b"{}", HEADERS)
+    assert await response.readany() == b"data: finish\n\n"
+    assert not response.complete
+    response.release()
+
+
+async def test_a_connection_released_before_its_answer_ends_is_reused_once_it_ends() -> None:
+    tailed = Tailed()
+    async with serving(tailed) as server:
+        client = new_client()
+        await finish_and_release(client, server.url)  # returns with the tail held back
+        waiting = asyncio.create_task(read_all(client, server.url))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # waits for the settling connection, opens none
+        assert server.connections == 1
+        tailed.gate.set()
+        async with asyncio.timeout(5.0):  # the tail dropped, the next answer whole
+            assert await waiting == (200, b"data: finish\n\ndata: [DONE]\n\n")
+        await client.close()
+    assert server.connections == 1
+    assert client.opened == 1
+
+
+async def test_posts_beyond_the_settling_connections_connect_at_once() -> None:
+    tailed = Tailed()
+    async with serving(tailed) as server:
+        client = new_client()
+        await finish_and_release(client, server.url)
+        first = asyncio.create_task(read_all(client, server.url))
+        await asyncio.sleep(0.01)
+        async with asyncio.timeout(5.0):  # the one settling connection is first's to wait for
+            assert await read_all(client, server.url) == (200, b"data: finish\n\ndata: [DONE]\n\n")
+        assert not first.done()
+        tailed.gate.set()
+        async with asyncio.timeout(5.0):
+            assert await first == (200, b"data: finish\n\ndata: [DONE]\n\n")
+        await client.close()
+    assert server.connections == 2
+
+
+async def test_a_settling_connection_whose_answer_never_ends_is_closed() -> None:
+    tailed = Tailed(hold="eof")
+    async with serving(tailed) as server:
+        client = new_client(settle_s=0.2)
+        await finish_and_release(client, server.url)
+        tailed.every = False
+        async with asyncio.timeout(5.0):  # waits out settle_s, then connects
+            assert await read_all(client, server.url) == (200, b"data: finish\n\ndata: [DONE]\n\n")
+        await asyncio.sleep(0.05)
+        assert tailed.closed_by_client == 1  # the first connection was let go, not leaked
+        await client.close()
+    assert server.connections == 2
+
+
+async def test_a_post_waiting_for_a_settling_connection_that_breaks_connects_at_once() -> None:
+    tailed = Tailed(hold="close")
+    async with serving(tailed) as server:
+        client = new_client(settle_s=3600.0)
+        await finish_and_release(client, server.url)
+        waiting = asyncio.create_task(read_all(client, server.url))
+        await asyncio.sleep(0.01)
+        tailed.gate.set()  # the server closes the first connection mid-answer
+        async with asyncio.timeout(5.0):
+            assert await waiting == (200, b"data: finish\n\ndata: [DONE]\n\n")
+        await client.close()
+    assert server.connections == 2
+
+
+async def test_a_post_cancelled_while_waiting_leaves_the_connection_to_the_next() -> None:
+    tailed = Tailed()
+    async with serving(tailed) as server:
+        client = new_client()
+        await finish_and_release(client, server.url)
+        waiting = asyncio.create_task(read_all(client, server.url))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        tailed.gate.set()
+        await asyncio.sleep(0.05)  # the tail comes: the connection goes idle
+        async with asyncio.timeout(5.0):
+            assert await read_all(client, server.url) == (200, b"data: finish\n\ndata: [DONE]\n\n")
+        await client.close()
+    assert server.connections == 1
+
+
+async def test_closing_the_client_fails_a_post_waiting_for_a_settling_connection() -> None:
+    tailed = Tailed()
+    async with serving(tailed) as server:
+        client = new_client()
+        await finish_and_release(client, server.url)
+        waiting = asyncio.create_task(read_all(client, server.url))
+        await asyncio.sleep(0.01)
+        await client.close()
+        with pytest.raises(BackendUnavailable, match="closed"):
+            async with asyncio.timeout(5.0):
+                await waiting
+        tailed.gate.set()
+
+
+async def test_a_paused_connection_released_drops_the_rest_of_its_answer_and_is_reused() -> None:
+    block = b"x" * 65536
+    answered = 0
+
+    async def big(_head: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        nonlocal answered
+        answered += 1
+        writer.write(CHUNKED)
+        for _ in range(64 if answered == 1 else 1):  # 4 MiB first, past the buffer limit
+            writer.write(chunk(block))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async with serving(big) as server:
+        client = new_client()
+        response = await client.post(f"{server.url}/generate", b"{}", HEADERS)
+        assert await response.readany()
+        await asyncio.sleep(0.05)  # the client's buffer fills; it stops reading
+        response.release()  # reading resumes; what is left is dropped
+        async with asyncio.timeout(5.0):
+            assert await read_all(client, server.url) == (200, block)
+        await client.close()
+    assert server.connections == 1
 
 
 async def test_close_fails_a_read_waiting_on_the_connection() -> None:
