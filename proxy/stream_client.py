@@ -312,6 +312,8 @@ class StreamClient:
                 if connection is not None:
                     connection.close()
                 raise BackendUnavailable("the backend's stream client is closed")
+            if connection is not None and connection.closed:
+                connection = None  # the server closed it before this post resumed
         if connection is None:
             connection = await self._connect(origin)
         try:
