@@ -242,14 +242,13 @@ async def test_a_reader_that_stops_reading_pauses_the_socket() -> None:
 
 class Tailed:
     """Answers whose tail (the last chunk and the chunked body's end) waits for ``gate``,
-    as SGLang's ``data: [DONE]`` comes in a write after its finish chunk. Every answer
-    after the first, or all when ``every`` is set, is held so. ``hold="eof"`` holds the
-    tail until the client closes the connection, and counts those closes; ``"close"``
-    closes the connection at the gate instead of sending the tail."""
+    as SGLang's ``data: [DONE]`` comes in a write after its finish chunk; only the first
+    answer is held so. ``hold="eof"`` holds the tail until the client closes the
+    connection, and counts those closes; ``"close"`` closes the connection at the gate
+    instead of sending the tail."""
 
-    def __init__(self, *, every: bool = False, hold: str = "gate") -> None:
+    def __init__(self, *, hold: str = "gate") -> None:
         self.gate = asyncio.Event()
-        self.every = every
         self.hold = hold
         self.answered = 0
         self.closed_by_client = 0
@@ -260,7 +259,7 @@ class Tailed:
         self.answered += 1
         writer.write(CHUNKED + chunk(b"data: finish\n\n"))
         await writer.drain()
-        if self.answered == 1 or self.every:
+        if self.answered == 1:
             if self.hold == "eof":
                 assert await reader.read() == b""
                 self.closed_by_client += 1
@@ -282,37 +281,48 @@ async def finish_and_release(client: StreamClient, url: str) -> None:
     response.release()
 
 
-async def test_a_connection_released_before_its_answer_ends_is_reused_once_it_ends() -> None:
-    tailed = Tailed()
+WHOLE = (200, b"data: finish\n\ndata: [DONE]\n\n")  # a Tailed answer, read to its end
+
+
+@asynccontextmanager
+async def a_post_waiting(
+    tailed: Tailed, settle_s: float = 1.0
+) -> AsyncIterator[tuple[Server, StreamClient, asyncio.Task[tuple[int, bytes]]]]:
+    """A connection released with its answer's tail held back, and a post started after
+    it, which waits for that connection."""
     async with serving(tailed) as server:
-        client = new_client()
+        client = new_client(settle_s=settle_s)
         await finish_and_release(client, server.url)  # returns with the tail held back
         waiting = asyncio.create_task(read_all(client, server.url))
+        await asyncio.sleep(0.01)
+        try:
+            yield server, client, waiting
+        finally:
+            await client.close()
+
+
+async def test_a_connection_released_before_its_answer_ends_is_reused_once_it_ends() -> None:
+    tailed = Tailed()
+    async with a_post_waiting(tailed) as (server, client, waiting):
         await asyncio.sleep(0.05)
         assert not waiting.done()  # waits for the settling connection, opens none
         assert server.connections == 1
         tailed.gate.set()
         async with asyncio.timeout(5.0):  # the tail dropped, the next answer whole
-            assert await waiting == (200, b"data: finish\n\ndata: [DONE]\n\n")
-        await client.close()
+            assert await waiting == WHOLE
     assert server.connections == 1
     assert client.opened == 1
 
 
 async def test_posts_beyond_the_settling_connections_connect_at_once() -> None:
     tailed = Tailed()
-    async with serving(tailed) as server:
-        client = new_client()
-        await finish_and_release(client, server.url)
-        first = asyncio.create_task(read_all(client, server.url))
-        await asyncio.sleep(0.01)
+    async with a_post_waiting(tailed) as (server, client, first):
         async with asyncio.timeout(5.0):  # the one settling connection is first's to wait for
-            assert await read_all(client, server.url) == (200, b"data: finish\n\ndata: [DONE]\n\n")
+            assert await read_all(client, server.url) == WHOLE
         assert not first.done()
         tailed.gate.set()
         async with asyncio.timeout(5.0):
-            assert await first == (200, b"data: finish\n\ndata: [DONE]\n\n")
-        await client.close()
+            assert await first == WHOLE
     assert server.connections == 2
 
 
@@ -321,9 +331,8 @@ async def test_a_settling_connection_whose_answer_never_ends_is_closed() -> None
     async with serving(tailed) as server:
         client = new_client(settle_s=0.2)
         await finish_and_release(client, server.url)
-        tailed.every = False
         async with asyncio.timeout(5.0):  # waits out settle_s, then connects
-            assert await read_all(client, server.url) == (200, b"data: finish\n\ndata: [DONE]\n\n")
+            assert await read_all(client, server.url) == WHOLE
         await asyncio.sleep(0.05)
         assert tailed.closed_by_client == 1  # the first connection was let go, not leaked
         await client.close()
@@ -332,43 +341,29 @@ async def test_a_settling_connection_whose_answer_never_ends_is_closed() -> None
 
 async def test_a_post_waiting_for_a_settling_connection_that_breaks_connects_at_once() -> None:
     tailed = Tailed(hold="close")
-    async with serving(tailed) as server:
-        client = new_client(settle_s=3600.0)
-        await finish_and_release(client, server.url)
-        waiting = asyncio.create_task(read_all(client, server.url))
-        await asyncio.sleep(0.01)
+    async with a_post_waiting(tailed, settle_s=3600.0) as (server, _, waiting):
         tailed.gate.set()  # the server closes the first connection mid-answer
         async with asyncio.timeout(5.0):
-            assert await waiting == (200, b"data: finish\n\ndata: [DONE]\n\n")
-        await client.close()
+            assert await waiting == WHOLE
     assert server.connections == 2
 
 
 async def test_a_post_cancelled_while_waiting_leaves_the_connection_to_the_next() -> None:
     tailed = Tailed()
-    async with serving(tailed) as server:
-        client = new_client()
-        await finish_and_release(client, server.url)
-        waiting = asyncio.create_task(read_all(client, server.url))
-        await asyncio.sleep(0.01)
+    async with a_post_waiting(tailed) as (server, client, waiting):
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
         tailed.gate.set()
         await asyncio.sleep(0.05)  # the tail comes: the connection goes idle
         async with asyncio.timeout(5.0):
-            assert await read_all(client, server.url) == (200, b"data: finish\n\ndata: [DONE]\n\n")
-        await client.close()
+            assert await read_all(client, server.url) == WHOLE
     assert server.connections == 1
 
 
 async def test_closing_the_client_fails_a_post_waiting_for_a_settling_connection() -> None:
     tailed = Tailed()
-    async with serving(tailed) as server:
-        client = new_client()
-        await finish_and_release(client, server.url)
-        waiting = asyncio.create_task(read_all(client, server.url))
-        await asyncio.sleep(0.01)
+    async with a_post_waiting(tailed) as (_, client, waiting):
         await client.close()
         with pytest.raises(BackendUnavailable, match="closed"):
             async with asyncio.timeout(5.0):
