@@ -349,8 +349,7 @@ class StreamClient:
         post, or none ended in time: the caller opens a connection of its own."""
         settling = self._settling[key]
         loop = asyncio.get_running_loop()
-        for late in [c for c in settling if c.settle_by <= loop.time()]:
-            late.close()  # its answer never ended: it costs a connection, not another wait
+        _close_late(settling, loop.time())
         waiting = self._waiting.setdefault(key, deque())
         if len(settling) <= len(waiting):
             return None
@@ -363,8 +362,7 @@ class StreamClient:
         except TimeoutError:
             handed = _handed(turn)
             if handed is None:
-                for late in [c for c in settling if c.settle_by <= loop.time()]:
-                    late.close()
+                _close_late(settling, loop.time())
             return handed
         except BaseException:
             # Cancelled in the instant a connection was handed over: it stays pooled.
@@ -406,12 +404,8 @@ class StreamClient:
             return
         key = connection.origin.key
         self._unsettle(connection)
-        waiting = self._waiting.get(key)
-        while waiting:
-            turn = waiting.popleft()
-            if not turn.done():
-                turn.set_result(connection)
-                return
+        if self._hand(key, connection):
+            return
         connection.idle_since = asyncio.get_running_loop().time()
         self._idle.setdefault(key, []).append(connection)
 
@@ -423,12 +417,18 @@ class StreamClient:
         if idle and connection in idle:
             idle.remove(connection)
         if self._unsettle(connection):
-            waiting = self._waiting.get(connection.origin.key)
-            while waiting:
-                turn = waiting.popleft()
-                if not turn.done():
-                    turn.set_result(None)
-                    return
+            self._hand(connection.origin.key, None)
+
+    def _hand(self, key: str, connection: BackendConnection | None) -> bool:
+        """``connection`` (None: connect yourself) to the first post still waiting on
+        ``key``; False when none is."""
+        waiting = self._waiting.get(key)
+        while waiting:
+            turn = waiting.popleft()
+            if not turn.done():
+                turn.set_result(connection)
+                return True
+        return False
 
     def _unsettle(self, connection: BackendConnection) -> bool:
         settling = self._settling.get(connection.origin.key)
@@ -436,6 +436,13 @@ class StreamClient:
             settling.remove(connection)
             return True
         return False
+
+
+def _close_late(settling: list[BackendConnection], now: float) -> None:
+    """Settling connections whose answer has not ended by their ``settle_by``: each costs a
+    connection, never another wait."""
+    for late in [c for c in settling if c.settle_by <= now]:
+        late.close()  # leaves ``settling`` (``StreamClient.forget``)
 
 
 def _handed(turn: asyncio.Future[BackendConnection | None]) -> BackendConnection | None:

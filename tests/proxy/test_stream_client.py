@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -247,7 +248,7 @@ class Tailed:
     connection, and counts those closes; ``"close"`` closes the connection at the gate
     instead of sending the tail."""
 
-    def __init__(self, *, hold: str = "gate") -> None:
+    def __init__(self, *, hold: Literal["gate", "eof", "close"] = "gate") -> None:
         self.gate = asyncio.Event()
         self.hold = hold
         self.answered = 0
