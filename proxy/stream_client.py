@@ -29,10 +29,11 @@ Contract:
   dropped as it arrives, and it goes back to the pool when the answer ends. The caller never
   waits for that tail. A ``post`` that finds no idle connection waits for a settling one
   rather than opening another, so sequential calls keep one connection however late the
-  tail comes; it waits at most until that connection's ``settle_s`` has run out, and a
-  connection whose answer has not ended by then is closed. Anything else released (an
-  answer whose end comes only with its connection, a failed one) is closed. ``close``
-  always closes. Both may be called more than once.
+  tail comes; it waits at most until that connection's ``settle_s`` has run out. A
+  connection whose answer has not ended by then is closed by the next post that looks for
+  one (as an idle connection past ``keepalive_s`` is), or by ``close``; it is never waited
+  for again. Anything else released (an answer whose end comes only with its connection,
+  a failed one) is closed. ``close`` always closes. Both may be called more than once.
 - A connection idle in the pool for ``keepalive_s`` is never reused (close it before the
   server's own keep-alive timeout can close it under a new request); one the server closed
   leaves the pool at once. ``StreamClient.close`` closes every connection, in use or not.
