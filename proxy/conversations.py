@@ -16,7 +16,9 @@ Contract:
   are compared, never serialized: the cost is one comparison per message plus
   serializing what the turn adds.
 - ``commit(session_id, turn_id, parent_turn_id, inherited, request, answer)`` adds a
-  completed turn with what ``encode`` said; only completed turns can be parents.
+  completed turn with what ``encode`` said; only completed turns can be parents. It is
+  added in the event loop's next pass, after the answer is written (``proxy.deferred``);
+  every method here applies such adds first.
 - ``get(session_id, turn_id)`` gives a held turn's whole request and answer, or ``None``.
 - ``load(session_id, turns, requests)`` replaces a session with recorded turns (the
   completed ones, in seq order) and their whole requests, as the ledger's ``load``;
@@ -31,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from proxy.canonical import ChatRequest, Message
+from proxy.deferred import Deferred
 from proxy.ledger.codec import RequestDecoder, decode_message, encode_request
 from proxy.lru import DEFAULT_MAX_SESSIONS, SessionLru
 from recorder.conversations import StoredRequest, rebuild
@@ -63,10 +66,12 @@ class _Session:
 class ConversationBook:
     def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
         self._sessions: SessionLru[_Session] = SessionLru(max_sessions)
+        self._commits = Deferred("the conversations")  # each turn's add, after its answer
 
     def encode(
         self, session_id: str, parent_turn_id: str | None, request: ChatRequest
     ) -> EncodedRequest:
+        self._commits.settle()
         session = self._sessions.get(session_id)
         parent = session.nodes.get(parent_turn_id or "") if session is not None else None
         if session is None or parent is None or parent_turn_id is None:
@@ -85,10 +90,14 @@ class ConversationBook:
         request: ChatRequest,
         answer: Message,
     ) -> None:
+        self._commits.settle()
         session = self._sessions.setdefault(session_id, _Session)
-        self._add(session, turn_id, parent_turn_id, inherited, request, answer)
+        self._commits.later(
+            lambda: self._add(session, turn_id, parent_turn_id, inherited, request, answer)
+        )
 
     def get(self, session_id: str, turn_id: str) -> tuple[ChatRequest, Message] | None:
+        self._commits.settle()
         session = self._sessions.get(session_id)
         node = session.nodes.get(turn_id) if session is not None else None
         if session is None or node is None:
@@ -98,6 +107,7 @@ class ConversationBook:
     def load(
         self, session_id: str, turns: Sequence[TurnRecord], requests: Mapping[str, ChatRequest]
     ) -> None:
+        self._commits.settle()
         session = _Session()
         for record in sorted(turns, key=lambda r: r.seq):
             if record.status is TurnStatus.COMPLETED:
@@ -114,6 +124,7 @@ class ConversationBook:
         self._sessions.put(session_id, session)
 
     def forget(self, session_id: str) -> None:
+        self._commits.settle()
         self._sessions.pop(session_id)
 
     def _add(

@@ -51,7 +51,7 @@ from proxy.canonical import (
     Usage,
 )
 from proxy.conversation_rules import check_conversation
-from proxy.conversations import ConversationBook, recorded_requests
+from proxy.conversations import ConversationBook, EncodedRequest, recorded_requests
 from proxy.gate import RunGate
 from proxy.ledger import Classification, ForkReason, LedgerBook, PromptPlan
 from proxy.ledger.codec import answer_of
@@ -112,6 +112,50 @@ class _Message:
         )
 
 
+class _Draft:
+    """What a turn's answer and record need that its answer does not change: the output
+    parser, and the request as stored (``ConversationBook.encode``). ``fill`` builds both
+    (the pipeline runs it while the engine works); each is built at first use otherwise.
+
+    The encoding stays valid if the conversation book lets the parent go in between: it
+    names a parent that is recorded, which is what reading it back needs."""
+
+    __slots__ = ("_encoded", "_parent", "_parser", "_pipeline", "_turn")
+
+    def __init__(self, pipeline: Pipeline, turn: PreparedTurn) -> None:
+        self._pipeline = pipeline
+        self._turn = turn
+        self._parser: OutputParser | None = None
+        self._encoded: EncodedRequest | None = None
+        self._parent = turn.plan.parent_turn_id
+
+    def fill(self) -> None:
+        try:
+            _ = self.parser
+            self.encoded(self._parent)
+        except Exception:
+            # Deliberately swallowed: built again where it is used, which raises there, in
+            # the turn's own context (this runs as a loop callback).
+            return
+
+    @property
+    def parser(self) -> OutputParser:
+        if self._parser is None:
+            self._parser = self._pipeline.parser(self._turn)
+        return self._parser
+
+    def encoded(self, parent_turn_id: str | None) -> EncodedRequest:
+        """The request as stored for ``parent_turn_id`` (the plan's; a settled plan keeps
+        its parent, so this is the drafted one)."""
+        if self._encoded is None or parent_turn_id != self._parent:
+            turn = self._turn
+            encoded = self._pipeline.encode_request(turn, parent_turn_id)
+            if parent_turn_id != self._parent:
+                return encoded
+            self._encoded = encoded
+        return self._encoded
+
+
 @dataclass(slots=True)
 class _Progress:
     """What one turn has produced so far (mutable, owned by one ``run``)."""
@@ -157,6 +201,24 @@ class Pipeline:
         self._background: set[asyncio.Task[None]] = set()
         self._running: dict[str, _Progress] = {}  # turn id -> its run's progress
         self._think_tails: dict[tuple[int, ...], bool] = {}  # last prompt ids -> in <think>
+
+    def parser(self, turn: PreparedTurn) -> OutputParser:
+        """A new parser of ``turn``'s sampled ids (``_Draft``)."""
+        request = turn.request
+        return OutputParser(
+            tokenizer=self._tokenizer,
+            tool_parser=self._tool_parser,
+            tools=request.tools,
+            stop=request.sampling.stop,
+            call_id_prefix=f"call_{turn.turn_id[:16]}_",
+            starts_in_reasoning=turn.starts_in_reasoning,
+            tools_enabled=request.tool_choice.mode is not ToolChoiceMode.NONE,
+            special_ids=self._special_ids,
+        )
+
+    def encode_request(self, turn: PreparedTurn, parent_turn_id: str | None) -> EncodedRequest:
+        """``turn``'s request as its record stores it (``_Draft``)."""
+        return self._conversations.encode(turn.session.id, parent_turn_id, turn.request)
 
     def abandon(self, turn_id: str) -> bool:
         """The harness of a running turn hung up: abort the backend call in flight and let
@@ -281,16 +343,10 @@ class Pipeline:
     # -- the turn -------------------------------------------------------------
     async def run(self, turn: PreparedTurn) -> AsyncGenerator[OutputEvent, None]:
         request = turn.request
-        parser = OutputParser(
-            tokenizer=self._tokenizer,
-            tool_parser=self._tool_parser,
-            tools=request.tools,
-            stop=request.sampling.stop,
-            call_id_prefix=f"call_{turn.turn_id[:16]}_",
-            starts_in_reasoning=turn.starts_in_reasoning,
-            tools_enabled=request.tool_choice.mode is not ToolChoiceMode.NONE,
-            special_ids=self._special_ids,
-        )
+        draft = _Draft(self, turn)
+        # Built in the loop's pass after the engine's request is written (the generation's
+        # first wait), while the engine works: none of it is on the answer's path then.
+        asyncio.get_running_loop().call_soon(draft.fill)
         progress = _Progress()
         status = TurnStatus.FAILED
         error: str | None = None
@@ -298,6 +354,7 @@ class Pipeline:
         self._running[turn.turn_id] = progress
         try:
             async for delta in self._generate(turn, progress):
+                parser = draft.parser
                 events = parser.feed(delta.ids)
                 if events and progress.first_token_s is None:
                     progress.first_token_s = time.perf_counter() - turn.started
@@ -311,6 +368,7 @@ class Pipeline:
                 return
             end = progress.end
             assert end is not None  # _generate returns only after GenerationEnd
+            parser = draft.parser
             matched = end.finish.matched if isinstance(end.finish.matched, str) else None
             for event in parser.finish(matched):
                 progress.message.add(event)
@@ -334,7 +392,7 @@ class Pipeline:
             # no crash can fall between a completed response and its record. Shielded: a
             # disconnect now must not leave the turn half-submitted. The record says what
             # the ledger committed (a root that raced another first turn may be settled).
-            record = self._record(turn, committed, progress, parser, status, error, answer)
+            record = self._record(turn, committed, progress, draft, status, error, answer)
             recorded = True
             self._conversations.commit(
                 turn.session.id,
@@ -382,7 +440,7 @@ class Pipeline:
             # Every turn that got this far is recorded, failures included, so that nothing
             # the harness saw (or failed to see) goes missing from the trajectory.
             if not recorded:
-                self._writer.submit(self._record(turn, turn.plan, progress, parser, status, error))
+                self._writer.submit(self._record(turn, turn.plan, progress, draft, status, error))
 
     async def _generate(
         self, turn: PreparedTurn, progress: _Progress
@@ -444,7 +502,7 @@ class Pipeline:
         turn: PreparedTurn,
         plan: PromptPlan,
         progress: _Progress,
-        parser: OutputParser,
+        draft: _Draft,
         status: TurnStatus,
         error: str | None,
         answer: Message | None = None,
@@ -459,7 +517,8 @@ class Pipeline:
             answer = progress.message.canonical()
         routed: RoutedExperts | None = end.routed_experts if end is not None else None
         # Only what the request adds to its parent's conversation (linear storage).
-        encoded = self._conversations.encode(turn.session.id, plan.parent_turn_id, turn.request)
+        encoded = draft.encoded(plan.parent_turn_id)
+        parser = draft.parser
         record = TurnRecord(
             id=turn.turn_id,
             session_id=turn.session.id,

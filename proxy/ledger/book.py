@@ -29,8 +29,11 @@ Contract:
   came first) is a ``root`` naming those turns in ``side_requests`` (``classify``).
 - ``commit(...)`` adds a completed turn and returns the plan as committed: ``classify.settle``
   may revise a ``root`` planned while another first turn was in flight; the turns named in
-  its ``side_requests`` are re-labelled ``fork``/``side_request``. Nothing else mutates a
-  session, so concurrent plans of one session (sub-agents, side requests) need no lock.
+  its ``side_requests`` are re-labelled ``fork``/``side_request``. The turn itself is
+  added in the event loop's next pass, after its answer is written (``proxy.deferred``);
+  every method here applies such adds first, so no plan ever misses a committed turn.
+  Nothing else mutates a session, so concurrent plans of one session (sub-agents, side
+  requests) need no lock.
 - ``load(session_id, turns, requests)`` rebuilds a session from recorded turns (completed
   ones become nodes, in seq order) and their whole requests by turn id (stored linearly,
   see ``proxy.conversations.recorded_requests``), replacing what was held; plans
@@ -53,6 +56,7 @@ from transformers import PreTrainedTokenizerBase
 
 from kernel.errors import ContextLengthExceeded
 from proxy.canonical import ChatRequest, Message
+from proxy.deferred import Deferred
 from proxy.ledger.classify import fork_reason, settle, side_requests_before
 from proxy.ledger.codec import decode_message
 from proxy.ledger.fingerprint import (
@@ -126,27 +130,33 @@ class LedgerBook:
         self._think_id: int | None = think[0] if len(think) == 1 else None
         self._max_token_chars = max_token_chars(tokenizer)
         self._sessions: SessionLru[SessionTree] = SessionLru(max_sessions)
+        self._commits = Deferred("the history ledger")  # each turn's add, after its answer
 
     def self_check(self) -> None:
         check_template(self._tokenizer, self._incremental)
 
     def has(self, session_id: str) -> bool:
+        self._commits.settle()
         return session_id in self._sessions
 
     def was_dropped(self, session_id: str) -> bool:
         """The session was let go to make room (not held now): the database knows more."""
+        self._commits.settle()
         return self._sessions.was_dropped(session_id)
 
     def size(self, session_id: str) -> int:
         """Committed turns held for a session (0 when none)."""
+        self._commits.settle()
         tree = self._sessions.get(session_id)
         return len(tree.nodes) if tree is not None else 0
 
     def tree(self, session_id: str) -> SessionTree | None:
         """The session's tree, for inspection (tests, tools); never mutate it."""
+        self._commits.settle()
         return self._sessions.get(session_id)
 
     def forget(self, session_id: str) -> None:
+        self._commits.settle()
         self._sessions.pop(session_id)
 
     # -- planning ---------------------------------------------------------------
@@ -194,6 +204,7 @@ class LedgerBook:
         """The plan, as steps: it yields each render it needs and is sent back the ids.
         Between steps the session may gain turns (commits only add), which is the same
         as a commit landing right after a plan."""
+        self._commits.settle()
         tree = self._sessions.get(session_id)
         if tree is None or not tree.nodes:
             prompt = yield self._whole(request)
@@ -311,25 +322,34 @@ class LedgerBook:
     ) -> PromptPlan:
         """Add a completed turn; ``plan`` must be what ``plan`` returned for ``request``.
 
-        Returns the plan as committed, which is what the turn's record must say."""
+        Returns the plan as committed, which is what the turn's record must say. The turn
+        is added to the tree in the loop's next pass (``proxy.deferred``: after the
+        answer is written), and before anything reads the session again."""
+        self._commits.settle()
         tree = self._sessions.setdefault(session_id, SessionTree)
         plan = settle(tree, plan, request)
         for earlier in plan.side_requests:
             tree.relabel(earlier, Classification.FORK, ForkReason.SIDE_REQUEST)
-        self._add(
-            tree,
-            turn_id=turn_id,
-            request=request,
-            fingerprints=plan.fingerprints,
-            prompt_ids=plan.prompt_ids,
-            output_ids=TokenIds(output_ids),
-            message=message,
-            classification=plan.classification,
-            reason=plan.fork_reason,
-            parent_id=plan.parent_turn_id,
-            reused=plan.reused_prefix_len,
-            new_message_count=plan.new_message_count,
-        )
+        committed = plan
+        output = TokenIds(output_ids)
+
+        def add() -> None:
+            self._add(
+                tree,
+                turn_id=turn_id,
+                request=request,
+                fingerprints=committed.fingerprints,
+                prompt_ids=committed.prompt_ids,
+                output_ids=output,
+                message=message,
+                classification=committed.classification,
+                reason=committed.fork_reason,
+                parent_id=committed.parent_turn_id,
+                reused=committed.reused_prefix_len,
+                new_message_count=committed.new_message_count,
+            )
+
+        self._commits.later(add)
         return plan
 
     def load(
@@ -338,6 +358,7 @@ class LedgerBook:
         turns: Sequence[TurnRecord],
         requests: Mapping[str, ChatRequest],
     ) -> None:
+        self._commits.settle()
         tree = SessionTree()
         for record in sorted(turns, key=lambda r: r.seq):
             if record.status is not TurnStatus.COMPLETED:
