@@ -11,7 +11,8 @@ Contract:
 - ``admit`` holds a new turn while its run is paused for a weight sync (429 past a bound).
 - ``run`` yields ``OutputEvent``s as the backend produces tokens and ends with one
   ``TurnFinished``. Every backend generation it started is recorded exactly once: a
-  completed turn is committed to the ledger (so the next request can extend it) and
+  completed turn is committed to the ledger (so the next request can extend it: the
+  books add it in the loop's next pass and before any read, ``proxy.deferred``) and
   handed to the recorder before that last event, which waits (boundedly) until the turn is
   durable: in the database when it is up, so every replica sees it before the harness
   does; a turn the recorder cannot make durable, or that the database took after its
