@@ -148,12 +148,10 @@ class _Draft:
     def encoded(self, parent_turn_id: str | None) -> EncodedRequest:
         """The request as stored for ``parent_turn_id`` (the plan's; a settled plan keeps
         its parent, so this is the drafted one)."""
-        if self._encoded is None or parent_turn_id != self._parent:
-            turn = self._turn
-            encoded = self._pipeline.encode_request(turn, parent_turn_id)
-            if parent_turn_id != self._parent:
-                return encoded
-            self._encoded = encoded
+        if parent_turn_id != self._parent:
+            return self._pipeline.encode_request(self._turn, parent_turn_id)
+        if self._encoded is None:
+            self._encoded = self._pipeline.encode_request(self._turn, parent_turn_id)
         return self._encoded
 
 

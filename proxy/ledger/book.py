@@ -330,23 +330,22 @@ class LedgerBook:
         plan = settle(tree, plan, request)
         for earlier in plan.side_requests:
             tree.relabel(earlier, Classification.FORK, ForkReason.SIDE_REQUEST)
-        committed = plan
-        output = TokenIds(output_ids)
+        output = TokenIds(output_ids)  # a copy: the caller's list may change
 
         def add() -> None:
             self._add(
                 tree,
                 turn_id=turn_id,
                 request=request,
-                fingerprints=committed.fingerprints,
-                prompt_ids=committed.prompt_ids,
+                fingerprints=plan.fingerprints,
+                prompt_ids=plan.prompt_ids,
                 output_ids=output,
                 message=message,
-                classification=committed.classification,
-                reason=committed.fork_reason,
-                parent_id=committed.parent_turn_id,
-                reused=committed.reused_prefix_len,
-                new_message_count=committed.new_message_count,
+                classification=plan.classification,
+                reason=plan.fork_reason,
+                parent_id=plan.parent_turn_id,
+                reused=plan.reused_prefix_len,
+                new_message_count=plan.new_message_count,
             )
 
         self._commits.later(add)
