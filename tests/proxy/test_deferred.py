@@ -65,6 +65,25 @@ async def test_a_failing_commit_is_logged_and_the_rest_still_apply(
     assert "a bug in a commit" in caplog.text  # its traceback
 
 
+async def test_a_conversation_commit_adds_the_turn_after_the_callers_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    added: list[str] = []
+    original = ConversationBook._add
+
+    def spy(self: ConversationBook, session: object, turn_id: str, *rest: object) -> None:
+        added.append(turn_id)
+        original(self, session, turn_id, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ConversationBook, "_add", spy)
+    book = ConversationBook()
+    asked = request(SYSTEM, Message("user", "hi"))
+    book.commit("s", "t1", None, None, asked, Message("assistant", "hello"))
+    assert added == []  # the caller's answer goes out first
+    await asyncio.sleep(0)
+    assert added == ["t1"]
+
+
 async def test_conversations_encode_against_a_parent_committed_in_the_same_pass() -> None:
     book = ConversationBook()
     asked = request(SYSTEM, Message("user", "hi"))
