@@ -10,7 +10,10 @@ as a ratio of the direct path's, and each server process's CPU per request (from
 ``/proc``), next to the journal disk's fsync measured in the same rounds (the floor of a
 turn that is durable before its last byte). The fsync is measured after a pause of one
 direct turn, as a lone turn's commit comes: this disk's fsync is slower after a pause
-(``fsync_seconds``). The back-to-back figure is printed next to it.
+(``fsync_seconds``). The back-to-back figure is printed next to it, and so is what one
+round trip between two processes on loopback costs this machine (``round_trip_seconds``):
+a proxied turn makes one more than a direct one, and on a virtual machine whose idle cores
+are woken by the hypervisor it can cost several times what it does on bare metal.
 
 Variants (``--variants``): ``default`` (what ``lego-proxy serve`` runs: uvloop + httptools
 where installed), ``asyncio-h11`` (the stdlib loop and the pure-Python parser),
@@ -41,8 +44,10 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -81,6 +86,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
 BASELINE = "baseline"  # the default variant, from the checkout --baseline names
 REPLY_TOKENS = 16  # max_new_tokens of every turn unless --reply-tokens says otherwise
 FSYNC_SAMPLES = 50  # per round
+ROUND_TRIP_SAMPLES = 200  # per round
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,58 @@ def fsync_seconds(directory: Path, samples: int, pause_s: float = 0.0) -> list[f
             os.fsync(sink.fileno())
             timings.append(time.perf_counter() - began)
     path.unlink()
+    return timings
+
+
+# A loopback echo server in its own process: it prints its port, serves one connection,
+# and sends back every byte it gets until the connection closes.
+_ECHO = """
+import socket
+server = socket.create_server(("127.0.0.1", 0))
+print(server.getsockname()[1], flush=True)
+peer, _ = server.accept()
+peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while data := peer.recv(64):
+    peer.sendall(data)
+"""
+
+
+@contextmanager
+def echo_peer() -> Iterator[socket.socket]:
+    """A TCP connection on loopback to an echo server in another process (closed, and the
+    process gone, when the block ends)."""
+    peer = subprocess.Popen(
+        [sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    try:
+        assert peer.stdout is not None
+        announced = peer.stdout.readline()
+        if not announced.strip().isdigit():
+            raise RuntimeError(f"the echo process did not start (it said {announced!r})")
+        port = int(announced)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            yield connection
+        peer.wait(timeout=10)  # its connection closed: it ends by itself
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+            peer.wait()
+
+
+def round_trip_seconds(connection: socket.socket, samples: int) -> list[float]:
+    """``samples`` one-byte round trips to ``echo_peer``'s process, one at a time: a hop
+    between two processes on this machine, which a proxy adds to every turn. On the
+    development VM: 0.03 ms at the p50 between the benchmark's rounds, 0.09-0.12 ms on an
+    idle machine (a sleeping vCPU woken each way) and 0.02 ms with both on one core
+    (``docs/performance.md``)."""
+    timings = []
+    for _ in range(samples):
+        began = time.perf_counter()
+        connection.sendall(b"x")
+        if not connection.recv(64):
+            raise ConnectionError("the echo process closed the connection")
+        timings.append(time.perf_counter() - began)
     return timings
 
 
@@ -424,77 +482,98 @@ async def compare(
         return call
 
     results: dict[str, object] = {}
-    for concurrency in args.concurrency:
-        per_round = max(args.requests // args.rounds, concurrency)
-        direct_runs: list[Measured] = []
-        proxy_runs: dict[str, list[Measured]] = {proxy.name: [] for proxy in proxies}
-        fsyncs: list[float] = []  # each after a pause of one direct turn (a lone turn's)
-        back_to_back: list[float] = []  # the floor of turns that share a group commit
-        for round_ in range(args.rounds):  # interleaved: machine noise hits every path alike
-            direct_runs.append(await measure(direct, per_round, concurrency, engine.pid))
-            pause_s = percentile(direct_runs[-1].latencies, 0.5)
-            fsyncs += fsync_seconds(disk, FSYNC_SAMPLES, pause_s)
-            back_to_back += fsync_seconds(disk, FSYNC_SAMPLES)
-            for proxy in rotated(proxies, round_):
-                proxy_runs[proxy.name].append(
-                    await measure(through(proxy), per_round, concurrency, proxy.process.pid)
-                )
-        direct_lat = [x for m in direct_runs for x in m.latencies]
-        direct_rps = statistics.median(m.rps for m in direct_runs)
-        fsync_p50_ms = 1e3 * percentile(fsyncs, 0.5)
-        back_to_back_p50_ms = 1e3 * percentile(back_to_back, 0.5)
-        direct_p50 = 1e3 * percentile(direct_lat, 0.5)
-        direct_p99 = 1e3 * percentile(direct_lat, 0.99)
-        requests = per_round * args.rounds
-        engine_cpu = ms_per_request((m.cpu_s for m in direct_runs), requests)
-        measured = [*direct_runs, *(m for runs in proxy_runs.values() for m in runs)]
-        client_gc_ms = 1e3 * max(m.client_gc_longest_s for m in measured)
-        row: dict[str, object] = {
-            "client_gc_longest_ms": client_gc_ms,
-            "direct_p50_ms": direct_p50,
-            "direct_p99_ms": direct_p99,
-            "direct_rps": direct_rps,
-            "engine_cpu_ms_per_request": engine_cpu,
-            "direct_machine_cpu_ms_per_request": ms_per_request(
-                (m.machine_cpu_s for m in direct_runs), requests
-            ),
-            "fsync_p50_ms": fsync_p50_ms,
-            "fsync_back_to_back_p50_ms": back_to_back_p50_ms,
+    with echo_peer() as hop:
+        for concurrency in args.concurrency:
+            results[f"concurrency_{concurrency}"] = await compare_at(
+                args, concurrency, engine, direct, proxies, through, disk, hop
+            )
+    print(json.dumps(results, indent=2))
+
+
+async def compare_at(
+    args: argparse.Namespace,
+    concurrency: int,
+    engine: subprocess.Popen[bytes],
+    direct: Call,
+    proxies: list[Proxy],
+    through: Callable[[Proxy], Call],
+    disk: Path,
+    hop: socket.socket,
+) -> dict[str, object]:
+    """One concurrency's rounds: the direct path, the fsync and round-trip floors, and
+    every proxy, interleaved; printed and returned as ``run``'s JSON row."""
+    per_round = max(args.requests // args.rounds, concurrency)
+    direct_runs: list[Measured] = []
+    proxy_runs: dict[str, list[Measured]] = {proxy.name: [] for proxy in proxies}
+    fsyncs: list[float] = []  # each after a pause of one direct turn (a lone turn's)
+    back_to_back: list[float] = []  # the floor of turns that share a group commit
+    round_trips: list[float] = []  # the hop a proxy adds to every turn
+    for round_ in range(args.rounds):  # interleaved: machine noise hits every path alike
+        direct_runs.append(await measure(direct, per_round, concurrency, engine.pid))
+        pause_s = percentile(direct_runs[-1].latencies, 0.5)
+        fsyncs += fsync_seconds(disk, FSYNC_SAMPLES, pause_s)
+        back_to_back += fsync_seconds(disk, FSYNC_SAMPLES)
+        round_trips += round_trip_seconds(hop, ROUND_TRIP_SAMPLES)
+        for proxy in rotated(proxies, round_):
+            proxy_runs[proxy.name].append(
+                await measure(through(proxy), per_round, concurrency, proxy.process.pid)
+            )
+    direct_lat = [x for m in direct_runs for x in m.latencies]
+    direct_rps = statistics.median(m.rps for m in direct_runs)
+    fsync_p50_ms = 1e3 * percentile(fsyncs, 0.5)
+    back_to_back_p50_ms = 1e3 * percentile(back_to_back, 0.5)
+    round_trip_p50_ms = 1e3 * percentile(round_trips, 0.5)
+    direct_p50 = 1e3 * percentile(direct_lat, 0.5)
+    direct_p99 = 1e3 * percentile(direct_lat, 0.99)
+    requests = per_round * args.rounds
+    engine_cpu = ms_per_request((m.cpu_s for m in direct_runs), requests)
+    measured = [*direct_runs, *(m for runs in proxy_runs.values() for m in runs)]
+    client_gc_ms = 1e3 * max(m.client_gc_longest_s for m in measured)
+    row: dict[str, object] = {
+        "client_gc_longest_ms": client_gc_ms,
+        "direct_p50_ms": direct_p50,
+        "direct_p99_ms": direct_p99,
+        "direct_rps": direct_rps,
+        "engine_cpu_ms_per_request": engine_cpu,
+        "direct_machine_cpu_ms_per_request": ms_per_request(
+            (m.machine_cpu_s for m in direct_runs), requests
+        ),
+        "fsync_p50_ms": fsync_p50_ms,
+        "fsync_back_to_back_p50_ms": back_to_back_p50_ms,
+        "round_trip_p50_ms": round_trip_p50_ms,
+    }
+    print(
+        f"concurrency {concurrency:>3}: direct p50 {direct_p50:.2f} ms, "
+        f"{direct_rps:.0f} req/s, engine CPU {engine_cpu:.2f} ms/req; "
+        f"fsync p50 {fsync_p50_ms:.2f} ms after a direct turn's pause "
+        f"({back_to_back_p50_ms:.2f} back to back); a process round trip on loopback p50 "
+        f"{round_trip_p50_ms:.3f} ms; the load client's longest full collection "
+        f"{client_gc_ms:.1f} ms"
+    )
+    for name, runs in proxy_runs.items():
+        lat = [x for m in runs for x in m.latencies]
+        rps = statistics.median(m.rps for m in runs)
+        added_p50 = 1e3 * percentile(lat, 0.5) - direct_p50
+        added_p99 = 1e3 * percentile(lat, 0.99) - direct_p99
+        cpu = ms_per_request((m.cpu_s for m in runs), requests)
+        row[name] = {
+            "proxy_p50_ms": 1e3 * percentile(lat, 0.5),
+            "proxy_p99_ms": 1e3 * percentile(lat, 0.99),
+            "proxy_rps": rps,
+            "throughput_ratio": rps / direct_rps,
+            "proxy_cpu_ms_per_request": cpu,
+            "machine_cpu_ms_per_request": ms_per_request((m.machine_cpu_s for m in runs), requests),
+            "added_p50_ms": added_p50,
+            "added_p99_ms": added_p99,
+            "added_p50_beyond_fsync_ms": added_p50 - fsync_p50_ms,
         }
         print(
-            f"concurrency {concurrency:>3}: direct p50 {direct_p50:.2f} ms, "
-            f"{direct_rps:.0f} req/s, engine CPU {engine_cpu:.2f} ms/req; "
-            f"fsync p50 {fsync_p50_ms:.2f} ms after a direct turn's pause "
-            f"({back_to_back_p50_ms:.2f} back to back); the load client's longest full "
-            f"collection {client_gc_ms:.1f} ms"
+            f"    {name:<12} added p50 {added_p50:.2f} ms "
+            f"({added_p50 - fsync_p50_ms:.2f} beyond one fsync), p99 {added_p99:.2f} ms; "
+            f"throughput/direct {rps / direct_rps:.2f} ({rps:.0f} req/s); "
+            f"proxy CPU {cpu:.2f} ms/req"
         )
-        for name, runs in proxy_runs.items():
-            lat = [x for m in runs for x in m.latencies]
-            rps = statistics.median(m.rps for m in runs)
-            added_p50 = 1e3 * percentile(lat, 0.5) - direct_p50
-            added_p99 = 1e3 * percentile(lat, 0.99) - direct_p99
-            cpu = ms_per_request((m.cpu_s for m in runs), requests)
-            row[name] = {
-                "proxy_p50_ms": 1e3 * percentile(lat, 0.5),
-                "proxy_p99_ms": 1e3 * percentile(lat, 0.99),
-                "proxy_rps": rps,
-                "throughput_ratio": rps / direct_rps,
-                "proxy_cpu_ms_per_request": cpu,
-                "machine_cpu_ms_per_request": ms_per_request(
-                    (m.machine_cpu_s for m in runs), requests
-                ),
-                "added_p50_ms": added_p50,
-                "added_p99_ms": added_p99,
-                "added_p50_beyond_fsync_ms": added_p50 - fsync_p50_ms,
-            }
-            print(
-                f"    {name:<12} added p50 {added_p50:.2f} ms "
-                f"({added_p50 - fsync_p50_ms:.2f} beyond one fsync), p99 {added_p99:.2f} ms; "
-                f"throughput/direct {rps / direct_rps:.2f} ({rps:.0f} req/s); "
-                f"proxy CPU {cpu:.2f} ms/req"
-            )
-        results[f"concurrency_{concurrency}"] = row
-    print(json.dumps(results, indent=2))
+    return row
 
 
 def lego_checkout(value: str) -> Path:

@@ -65,6 +65,20 @@ def test_the_fsync_floor_is_measured_after_the_pause_a_lone_turn_has(tmp_path: P
     assert len(fsync_seconds(tmp_path, 3)) == 3  # back to back by default
 
 
+def test_a_round_trip_goes_to_another_process_and_back() -> None:
+    """The hop a proxy adds to a turn: each sample is one byte sent to an echo server in
+    another process and read back; the connection closes with the block."""
+    from bench.overhead import echo_peer, round_trip_seconds
+
+    with echo_peer() as connection:
+        timings = round_trip_seconds(connection, 5)
+        connection.sendall(b"abc")  # what comes back is what was sent, from elsewhere
+        assert connection.recv(64) == b"abc"
+    assert len(timings) == 5
+    assert all(t > 0 for t in timings)
+    assert connection.fileno() == -1  # closed with the block
+
+
 def test_the_load_client_measures_with_its_heap_frozen() -> None:
     """The load client's own full collections (61-243 ms with transformers imported)
     stopped every client at once and showed as the proxy's p99: ``measure`` freezes the
