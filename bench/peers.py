@@ -44,9 +44,12 @@ engine's replies as a decoding model's: then lego-proxy reads a harness's unstre
 chunks (``LEGO_UNSTREAMED_CHUNK_TOKENS``) and slime's adapter in one body, and LiteLLM, whose
 endpoint does not decode, is skipped.
 
+``--python PATH`` runs lego-proxy on another interpreter (``bench.overhead``'s); give
+slime's adapter the same build with ``--slime-python`` for a like-for-like comparison.
+
     python -m bench.peers [--requests 300] [--concurrency 1 16] [--litellm PATH]
         [--slime PATH [--slime-python PYTHON]] [--database sqlite postgres] [--baseline DIR]
-        [--reply-tokens N --token-ms MS [--incremental-streaming]]
+        [--python PATH] [--reply-tokens N --token-ms MS [--incremental-streaming]]
 """
 
 from __future__ import annotations
@@ -78,9 +81,11 @@ from bench.overhead import (
     Stack,
     add_baseline_argument,
     add_engine_arguments,
+    add_python_argument,
     direct_call,
     engine_arguments,
     generate_body,
+    interpreter,
     measure,
     ms_per_request,
     percentile,
@@ -154,6 +159,7 @@ def litellm_command(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> None:
     # The databases outlive the proxies (stopped first, by ``stack``).
     reply_tokens = args.reply_tokens or REPLY_TOKENS
+    print(f"lego-proxy runs on {interpreter(args.python)}")
     with ExitStack() as databases, stack("lego-peers-", engine_arguments(args)) as ready:
         engine_call = direct_call(ready.engine_url, generate_body(ready.model, reply_tokens))
         direct: dict[str, tuple[int, Call]] = {"sglang engine": (ready.engine.pid, engine_call)}
@@ -171,7 +177,7 @@ def run(args: argparse.Namespace) -> None:
                     base_url = asyncio.run(server.create_database("lego_peers_baseline"))
                 checkouts.append((f"{name} (baseline)", args.baseline, base_url))
             for label, checkout, database_url in checkouts:
-                proxy = ready.proxy("default", checkout, database_url)
+                proxy = ready.proxy("default", checkout, database_url, args.python)
                 keys = [proxy.new_session() for _ in range(max(args.concurrency))]
                 lego = _chat(proxy.url, "bench", keys, reply_tokens)
                 systems.append(System(label, proxy.process.pid, lego, "sglang engine"))
@@ -391,6 +397,7 @@ def main() -> None:
     )
     add_baseline_argument(parser, "its lego-proxy, once per database,")
     add_engine_arguments(parser)
+    add_python_argument(parser)
     parser.add_argument("--serve-openai", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_openai is not None:

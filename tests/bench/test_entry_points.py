@@ -79,6 +79,26 @@ def test_a_round_trip_goes_to_another_process_and_back() -> None:
     assert connection.fileno() == -1  # closed with the block
 
 
+def test_the_proxies_run_on_the_interpreter_given() -> None:
+    """``--python``: the proxies' command starts with that interpreter, with the same
+    arguments as on this one; the report names the interpreter, and one that does not run
+    is refused before anything starts."""
+    import platform
+
+    from bench.overhead import interpreter, proxy_command
+
+    here = proxy_command(None, ["--workers", "2"])
+    assert here[0] == sys.executable
+    assert here[1:] == ["-m", "cli.main", "serve", "--log-level", "warning", "--workers", "2"]
+    other = proxy_command("/opt/py/bin/python", ["--workers", "2"])
+    assert other == ["/opt/py/bin/python", *here[1:]]
+    described = interpreter(None)
+    assert platform.python_version() in described
+    assert sys.executable in described
+    with pytest.raises(RuntimeError, match="does not run"):
+        interpreter("/nonexistent/python")
+
+
 def test_the_load_client_measures_with_its_heap_frozen() -> None:
     """The load client's own full collections (61-243 ms with transformers imported)
     stopped every client at once and showed as the proxy's p99: ``measure`` freezes the
