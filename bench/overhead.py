@@ -234,7 +234,7 @@ def echo_peer() -> Iterator[socket.socket]:
 def round_trip_seconds(connection: socket.socket, samples: int) -> list[float]:
     """``samples`` one-byte round trips to ``echo_peer``'s process, one at a time: a hop
     between two processes on this machine, which a proxy adds to every turn. On the
-    development VM: 0.03 ms at the p50 between the benchmark's rounds, 0.09-0.12 ms on an
+    development VM: 0.02-0.03 ms at the p50 between the benchmark's rounds, 0.09-0.12 ms on an
     idle machine (a sleeping vCPU woken each way) and 0.02 ms with both on one core
     (``docs/performance.md``)."""
     timings = []
@@ -352,7 +352,7 @@ def interpreter(python: str | None) -> str:
     implementation, version and executable. The development VM's CPython is built without
     profile-guided or link-time optimization; the deploy image's (the official
     ``python:3.11-slim-bookworm``) with both. On pure Python Debian's optimized 3.11 ran
-    1.25x as fast as it, and the proxy took 10% less CPU a turn (``docs/performance.md``)."""
+    1.25x as fast as it, and the proxy took 5-12% less CPU a turn (``docs/performance.md``)."""
     probe = "import platform, sys; print(platform.python_implementation(), "
     probe += "platform.python_version(), 'at', sys.executable)"
     try:
@@ -360,9 +360,9 @@ def interpreter(python: str | None) -> str:
             [python or sys.executable, "-c", probe], capture_output=True, text=True, check=False
         )
     except OSError as exc:
-        raise RuntimeError(f"{python} does not run: {exc}") from exc
+        raise RuntimeError(f"{python or sys.executable} does not run: {exc}") from exc
     if done.returncode != 0:
-        raise RuntimeError(f"{python} does not run: {done.stderr.strip()[-500:]}")
+        raise RuntimeError(f"{python or sys.executable} does not run: {done.stderr.strip()[-500:]}")
     return done.stdout.strip()
 
 
