@@ -340,11 +340,15 @@ def start_proxy(
     return Proxy(name, url, run_id, process)
 
 
-def proxy_command(python: str | None, args: Sequence[str]) -> list[str]:
-    """``serve`` with ``args``, run by ``python`` (an interpreter with lego-proxy's
-    dependencies) when given, else by this one."""
-    command = python_module("cli.main", "serve", "--log-level", "warning", *args)
+def run_by(python: str | None, command: list[str]) -> list[str]:
+    """``command`` (this interpreter's, as ``python_module`` builds it) run by ``python``
+    (an interpreter with lego-proxy's dependencies) when given."""
     return [python, *command[1:]] if python is not None else command
+
+
+def proxy_command(python: str | None, args: Sequence[str]) -> list[str]:
+    """``serve`` with ``args``, run by ``python`` when given, else by this interpreter."""
+    return run_by(python, python_module("cli.main", "serve", "--log-level", "warning", *args))
 
 
 def interpreter(python: str | None) -> str:

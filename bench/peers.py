@@ -44,8 +44,9 @@ engine's replies as a decoding model's: then lego-proxy reads a harness's unstre
 chunks (``LEGO_UNSTREAMED_CHUNK_TOKENS``) and slime's adapter in one body, and LiteLLM, whose
 endpoint does not decode, is skipped.
 
-``--python PATH`` runs lego-proxy on another interpreter (``bench.overhead``'s); give
-slime's adapter the same build with ``--slime-python`` for a like-for-like comparison.
+``--python PATH`` runs lego-proxy, and the bare forwarder (the floor of its stack), on
+another interpreter (``bench.overhead``'s); give slime's adapter the same build with
+``--slime-python`` for a like-for-like comparison.
 
     python -m bench.peers [--requests 300] [--concurrency 1 16] [--litellm PATH]
         [--slime PATH [--slime-python PYTHON]] [--database sqlite postgres] [--baseline DIR]
@@ -90,6 +91,7 @@ from bench.overhead import (
     ms_per_request,
     percentile,
     rotated,
+    run_by,
     stack,
 )
 from kernel.process import ServerDidNotStart, python_module, start_server
@@ -181,7 +183,7 @@ def run(args: argparse.Namespace) -> None:
                 keys = [proxy.new_session() for _ in range(max(args.concurrency))]
                 lego = _chat(proxy.url, "bench", keys, reply_tokens)
                 systems.append(System(label, proxy.process.pid, lego, "sglang engine"))
-        floor = _start_forwarder(ready, reply_tokens)
+        floor = _start_forwarder(ready, reply_tokens, args.python)
         if floor is not None:
             systems.append(floor)
         litellm = litellm_command(args)
@@ -240,18 +242,29 @@ def _start_litellm(
     )
 
 
-def _start_forwarder(ready: Stack, reply_tokens: int) -> System | None:
+def forwarder_command(
+    engine_url: str, model: Path, port: int, reply_tokens: int, python: str | None
+) -> list[str]:
+    """``bench.forwarder``'s command: on lego-proxy's interpreter (``--python``), since it is
+    the floor of lego-proxy's own stack."""
+    return run_by(
+        python,
+        python_module(
+            "bench.forwarder",
+            *("--engine", engine_url, "--model", str(model)),
+            *("--port", str(port), "--max-tokens", str(reply_tokens)),
+        ),
+    )
+
+
+def _start_forwarder(ready: Stack, reply_tokens: int, python: str | None) -> System | None:
     """``bench.forwarder`` in front of the zero-compute engine, or None (said why)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = _start_peer(
         ready,
         "bare forwarder",
-        python_module(
-            "bench.forwarder",
-            *("--engine", ready.engine_url, "--model", str(ready.model)),
-            *("--port", str(port), "--max-tokens", str(reply_tokens)),
-        ),
+        forwarder_command(ready.engine_url, ready.model, port, reply_tokens, python),
         ready.env,
         f"{url}/health",
     )

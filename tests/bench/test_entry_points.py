@@ -99,6 +99,17 @@ def test_the_proxies_run_on_the_interpreter_given() -> None:
         interpreter("/nonexistent/python")
 
 
+def test_the_bare_forwarder_runs_on_lego_proxys_interpreter() -> None:
+    """``bench.peers --python``: the bare forwarder, the floor of lego-proxy's stack, runs
+    on the interpreter lego-proxy runs on, so what lego-proxy adds beyond it is its own."""
+    from bench.peers import forwarder_command
+
+    here = forwarder_command("http://127.0.0.1:1", Path("/m"), 2, 16, None)
+    assert here[:3] == [sys.executable, "-m", "bench.forwarder"]
+    other = forwarder_command("http://127.0.0.1:1", Path("/m"), 2, 16, "/opt/py/bin/python")
+    assert other == ["/opt/py/bin/python", *here[1:]]
+
+
 def test_the_load_client_measures_with_its_heap_frozen() -> None:
     """The load client's own full collections (61-243 ms with transformers imported)
     stopped every client at once and showed as the proxy's p99: ``measure`` freezes the
