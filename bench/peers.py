@@ -16,6 +16,10 @@ session, per concurrent client) with the same two-message chat turn:
   parsing, ledger, rendering or record: the least any turn through a Python proxy here
   costs, so the rest of lego-proxy's figures is its own work. Its baseline is the
   engine's ``/generate`` called directly;
+- a durable forwarder (``bench.forwarder --durable``), always: the bare forwarder that also
+  commits each turn's request and answer to a SQLite file (WAL, every commit synced) before
+  its answer's last byte, as lego-proxy's invariant asks: the least a durable turn through a
+  Python proxy here costs. Its baseline is the engine's ``/generate`` called directly;
 - slime's OpenAI agent adapter (``slime.agent.adapters.OpenAIAdapter``, THUDM/slime: not on
   PyPI), when ``--slime PATH`` names a checkout of it, in front of the same zero-compute
   engine as lego-proxy (it renders the chat template itself and sends ``input_ids`` to
@@ -24,6 +28,10 @@ session, per concurrent client) with the same two-message chat turn:
   ``transformers``; default: this one). Its baseline is lego-proxy's: the engine's
   ``/generate`` called directly. Each client is one session (its bearer key is the adapter's
   session id).
+
+Each concurrency's first line gives the fsync of the disk the SQLite files are on, each
+after a pause of one direct turn (``bench.overhead.fsync_seconds``, as ``bench.overhead``
+measures it): c=1's target is lego-proxy's added p50 under 1 ms beyond it.
 
 Per system: the added p50 against its own baseline, throughput as a ratio of its baseline's,
 the proxy process's CPU per request, what its calls cost its backend (the direct rows: their
@@ -85,6 +93,7 @@ from bench.overhead import (
     add_python_argument,
     direct_call,
     engine_arguments,
+    fsync_seconds,
     generate_body,
     interpreter,
     measure,
@@ -99,6 +108,7 @@ from kernel.threaded import free_port
 from recorder.scratch_postgres import running_postgres
 
 REPLY_TOKENS = 16
+FSYNC_SAMPLES = 50  # per round (bench.overhead's)
 LITELLM_KEY = "sk-bench-" + "0123456789abcdef" * 2  # its proxy refuses to start without one
 
 
@@ -183,9 +193,10 @@ def run(args: argparse.Namespace) -> None:
                 keys = [proxy.new_session() for _ in range(max(args.concurrency))]
                 lego = _chat(proxy.url, "bench", keys, reply_tokens)
                 systems.append(System(label, proxy.process.pid, lego, "sglang engine"))
-        floor = _start_forwarder(ready, reply_tokens, args.python)
-        if floor is not None:
-            systems.append(floor)
+        for durable in (None, ready.root / "durable-forwarder"):
+            floor = _start_forwarder(ready, reply_tokens, args.python, durable)
+            if floor is not None:
+                systems.append(floor)
         litellm = litellm_command(args)
         if args.reply_tokens is not None or args.token_ms:
             # Its zero-compute OpenAI endpoint answers at once, with a fixed short reply.
@@ -206,7 +217,7 @@ def run(args: argparse.Namespace) -> None:
             )
             if slime is not None:
                 systems.append(slime)
-        asyncio.run(compare(args, direct, systems))
+        asyncio.run(compare(args, direct, systems, ready.root))
 
 
 def _start_litellm(
@@ -243,34 +254,45 @@ def _start_litellm(
 
 
 def forwarder_command(
-    engine_url: str, model: Path, port: int, reply_tokens: int, python: str | None
+    engine_url: str,
+    model: Path,
+    port: int,
+    reply_tokens: int,
+    python: str | None,
+    durable: Path | None = None,
 ) -> list[str]:
     """``bench.forwarder``'s command: on lego-proxy's interpreter (``--python``), since it is
-    the floor of lego-proxy's own stack."""
+    the floor of lego-proxy's own stack; with ``durable``, its turns are committed to a
+    SQLite file in that directory before they are answered."""
     return run_by(
         python,
         python_module(
             "bench.forwarder",
             *("--engine", engine_url, "--model", str(model)),
             *("--port", str(port), "--max-tokens", str(reply_tokens)),
+            *(() if durable is None else ("--durable", str(durable))),
         ),
     )
 
 
-def _start_forwarder(ready: Stack, reply_tokens: int, python: str | None) -> System | None:
-    """``bench.forwarder`` in front of the zero-compute engine, or None (said why)."""
+def _start_forwarder(
+    ready: Stack, reply_tokens: int, python: str | None, durable: Path | None
+) -> System | None:
+    """``bench.forwarder`` (durable to a SQLite file in ``durable``, if given) in front of
+    the zero-compute engine, or None (said why)."""
+    name = "bare forwarder" if durable is None else "durable forwarder"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = _start_peer(
         ready,
-        "bare forwarder",
-        forwarder_command(ready.engine_url, ready.model, port, reply_tokens, python),
+        name,
+        forwarder_command(ready.engine_url, ready.model, port, reply_tokens, python, durable),
         ready.env,
         f"{url}/health",
     )
     if process is None:
         return None
-    return System("bare forwarder", process.pid, _chat(url, "bench", None), "sglang engine")
+    return System(name, process.pid, _chat(url, "bench", None), "sglang engine")
 
 
 def _start_slime(
@@ -337,15 +359,21 @@ async def compare(
     args: argparse.Namespace,
     direct: dict[str, tuple[int, Call]],
     systems: list[System],
+    disk: Path,
 ) -> None:
+    """Every system and direct call at each concurrency, in interleaved rounds, and the
+    fsync of ``disk`` (where the SQLite files are) after a pause of one direct turn."""
     for concurrency in args.concurrency:
         per_round = max(args.requests // args.rounds, concurrency)
         runs: dict[str, list[Measured]] = {
             name: [] for name in [*direct, *(s.name for s in systems)]
         }
+        fsyncs: list[float] = []
         for round_ in range(args.rounds):  # interleaved: machine noise hits every system alike
             for name, (pid, call) in direct.items():
                 runs[name].append(await measure(call, per_round, concurrency, pid))
+            pause_s = percentile(runs[next(iter(direct))][-1].latencies, 0.5)
+            fsyncs += fsync_seconds(disk, FSYNC_SAMPLES, pause_s)
             for system in rotated(systems, round_):
                 backend_pid = direct[system.baseline][0]
                 runs[system.name].append(
@@ -354,7 +382,8 @@ async def compare(
         client_gc_ms = 1e3 * max(m.client_gc_longest_s for ms in runs.values() for m in ms)
         print(
             f"concurrency {concurrency} (the load client's longest full collection "
-            f"{client_gc_ms:.1f} ms):"
+            f"{client_gc_ms:.1f} ms; fsync p50 {1e3 * percentile(fsyncs, 0.5):.2f} ms after "
+            "a direct turn's pause):"
         )
         requests = per_round * args.rounds
         for name in direct:

@@ -108,6 +108,8 @@ def test_the_bare_forwarder_runs_on_lego_proxys_interpreter() -> None:
     assert here[:3] == [sys.executable, "-m", "bench.forwarder"]
     other = forwarder_command("http://127.0.0.1:1", Path("/m"), 2, 16, "/opt/py/bin/python")
     assert other == ["/opt/py/bin/python", *here[1:]]
+    durable = forwarder_command("http://127.0.0.1:1", Path("/m"), 2, 16, None, Path("/d"))
+    assert durable == [*here, "--durable", "/d"]
 
 
 def test_the_load_client_measures_with_its_heap_frozen() -> None:

@@ -1,14 +1,18 @@
 """bench.forwarder, the transport's floor in ``bench.peers``: a chat turn through it is one
-streamed ``/generate`` call to the engine, read to its end, on one pooled connection."""
+streamed ``/generate`` call to the engine, read to its end, on one pooled connection; the
+durable one commits each turn to its SQLite file before answering it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sqlite3
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
-from bench.forwarder import Forwarder
+from bench.forwarder import DurableLog, Forwarder
 from bench.overhead import Stack, generate_body, stack
 
 
@@ -38,3 +42,65 @@ async def test_an_engine_that_refuses_the_call_is_a_502(ready: Stack) -> None:
     async with httpx.AsyncClient(transport=transport, base_url="http://forwarder") as client:
         answer = await client.post("/v1/chat/completions", json={"messages": []})
     assert answer.status_code == 502
+
+
+async def test_a_durable_forwarder_commits_each_turn_before_answering_it(
+    ready: Stack, tmp_path: Path
+) -> None:
+    log = DurableLog(tmp_path / "log")
+    forwarder = Forwarder(ready.engine_url, generate_body(ready.model), log)
+    transport = httpx.ASGITransport(app=forwarder)
+    seen: list[int] = []
+
+    def rows() -> list[tuple[bytes, bytes]]:
+        # Another connection: what is committed, not what the log's own transaction holds.
+        with sqlite3.connect(log.path) as reader:
+            return reader.execute("SELECT request, answer FROM turns ORDER BY id").fetchall()
+
+    async def count_before_answering(request: httpx.Request) -> None:
+        seen.append(len(rows()))
+
+    async def count_on_answer(response: httpx.Response) -> None:
+        seen.append(len(rows()))
+
+    hooks: dict[str, list[Callable[..., Awaitable[None]]]] = {
+        "request": [count_before_answering],
+        "response": [count_on_answer],
+    }
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://forwarder", event_hooks=hooks
+    ) as client:
+        for turn in range(2):
+            answer = await client.post("/v1/chat/completions", json={"turn": turn})
+            assert answer.status_code == 200
+    log.close()
+    assert seen == [0, 1, 1, 2]  # each turn committed by the time its answer came
+    written = rows()
+    assert [orjson.loads(request) for request, _ in written] == [{"turn": 0}, {"turn": 1}]
+    for _, sse in written:  # the engine's whole answer, as it streamed it
+        assert b'"finish_reason"' in sse
+        assert sse.rstrip().endswith(b"data: [DONE]")
+    with sqlite3.connect(log.path) as reader:
+        assert reader.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_a_durable_log_syncs_every_commit(tmp_path: Path) -> None:
+    """Every commit synced (lego-proxy's setting), not SQLite's WAL-mode shortcut of syncing
+    only at checkpoints."""
+    log = DurableLog(tmp_path)
+    try:
+        assert log.synchronous() == 2  # FULL
+    finally:
+        log.close()
+
+
+async def test_an_engine_failure_is_not_logged(ready: Stack, tmp_path: Path) -> None:
+    log = DurableLog(tmp_path)
+    forwarder = Forwarder(ready.engine_url, {"input_ids": "not ids"}, log)
+    transport = httpx.ASGITransport(app=forwarder)
+    async with httpx.AsyncClient(transport=transport, base_url="http://forwarder") as client:
+        answer = await client.post("/v1/chat/completions", json={"messages": []})
+    log.close()
+    assert answer.status_code == 502
+    with sqlite3.connect(log.path) as reader:
+        assert reader.execute("SELECT count(*) FROM turns").fetchone() == (0,)
