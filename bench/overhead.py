@@ -137,6 +137,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def added_by_round(runs: Sequence[Measured], direct: Sequence[Measured]) -> list[float]:
+    """Each round's added p50 in ms: the round's p50 through the proxy less the same
+    round's direct p50 (the two measured minutes apart at most). Their spread is how far
+    the machine moved within one run; a change smaller than it needs more rounds or runs."""
+    return [
+        1e3 * (percentile(through.latencies, 0.5) - percentile(baseline.latencies, 0.5))
+        for through, baseline in zip(runs, direct, strict=True)
+    ]
+
+
+def spread(values: Sequence[float]) -> str:
+    """``values``' range, as printed next to a pooled figure ("by round 1.21 to 1.64")."""
+    return f"by round {min(values):.2f} to {max(values):.2f}" if values else "no rounds"
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds so far of a process and its children (``serve --workers``:
     the workers), from Linux's ``/proc``."""
@@ -605,6 +620,7 @@ async def compare_at(
         added_p50 = 1e3 * percentile(lat, 0.5) - direct_p50
         added_p99 = 1e3 * percentile(lat, 0.99) - direct_p99
         cpu = ms_per_request((m.cpu_s for m in runs), requests)
+        by_round = added_by_round(runs, direct_runs)
         row[name] = {
             "proxy_p50_ms": 1e3 * percentile(lat, 0.5),
             "proxy_p99_ms": 1e3 * percentile(lat, 0.99),
@@ -615,10 +631,12 @@ async def compare_at(
             "added_p50_ms": added_p50,
             "added_p99_ms": added_p99,
             "added_p50_beyond_fsync_ms": added_p50 - fsync_p50_ms,
+            "added_p50_by_round_ms": by_round,
         }
         print(
             f"    {name:<12} added p50 {added_p50:.2f} ms "
-            f"({added_p50 - fsync_p50_ms:.2f} beyond one fsync), p99 {added_p99:.2f} ms; "
+            f"({added_p50 - fsync_p50_ms:.2f} beyond one fsync; {spread(by_round)}), "
+            f"p99 {added_p99:.2f} ms; "
             f"throughput/direct {rps / direct_rps:.2f} ({rps:.0f} req/s); "
             f"proxy CPU {cpu:.2f} ms/req"
         )

@@ -91,6 +91,7 @@ from bench.overhead import (
     add_baseline_argument,
     add_engine_arguments,
     add_python_argument,
+    added_by_round,
     direct_call,
     engine_arguments,
     fsync_seconds,
@@ -101,6 +102,7 @@ from bench.overhead import (
     percentile,
     rotated,
     run_by,
+    spread,
     stack,
 )
 from kernel.process import ServerDidNotStart, python_module, start_server
@@ -403,8 +405,10 @@ async def compare(
             # Measured with its backend's pid, so never None here.
             backend = ms_per_request((m.backend_cpu_s or 0.0 for m in runs[system.name]), requests)
             added = 1e3 * (percentile(lat, 0.5) - percentile(base, 0.5))
+            by_round = spread(added_by_round(runs[system.name], runs[system.baseline]))
             print(
-                f"  {system.name:<16} added p50 {added:7.2f} ms, throughput / its own direct "
+                f"  {system.name:<16} added p50 {added:7.2f} ms ({by_round}), "
+                "throughput / its own direct "
                 f"{rps / base_rps:.2f} ({rps:.0f} req/s), proxy CPU {cpu:.2f} ms/req, "
                 f"its backend's {backend:.2f}; "
                 f"{_machine(runs[system.name], requests)}"

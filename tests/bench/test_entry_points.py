@@ -50,6 +50,24 @@ def test_each_round_starts_with_the_next_system() -> None:
     assert rotated([], 3) == []
 
 
+def test_each_round_adds_to_its_own_direct_p50() -> None:
+    """The added p50 by round pairs each round's proxy with that round's direct path, so the
+    machine's drift between rounds shows as a spread instead of moving the figure."""
+    from bench.overhead import Measured, added_by_round, spread
+
+    def run(*latencies_ms: float) -> Measured:
+        return Measured([x / 1e3 for x in latencies_ms], 1.0, 0.0, 0.0, 0.0, 0.0)
+
+    direct = [run(1.0, 1.0, 9.0), run(3.0, 3.0, 3.0)]  # the machine slowed in round 2
+    through = [run(2.5, 2.5, 2.5), run(4.0, 4.0, 50.0)]
+    by_round = added_by_round(through, direct)
+    assert by_round == pytest.approx([1.5, 1.0])
+    assert spread(by_round) == "by round 1.00 to 1.50"
+    assert spread([]) == "no rounds"
+    with pytest.raises(ValueError, match="shorter"):
+        added_by_round(through, direct[:1])  # rounds measured for one path only
+
+
 def test_the_fsync_floor_is_measured_after_the_pause_a_lone_turn_has(tmp_path: Path) -> None:
     """A disk's fsync can cost more after a pause: each sample waits ``pause_s`` first."""
     import time
