@@ -5,14 +5,14 @@ durable one commits each turn to its SQLite file before answering it."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 
-from bench.forwarder import DurableLog, Forwarder
+from bench.forwarder import DurableLog, Forwarder, Message, Receive, Scope, Send
 from bench.overhead import Stack, generate_body, stack
 
 
@@ -49,32 +49,28 @@ async def test_a_durable_forwarder_commits_each_turn_before_answering_it(
 ) -> None:
     log = DurableLog(tmp_path / "log")
     forwarder = Forwarder(ready.engine_url, generate_body(ready.model), log)
-    transport = httpx.ASGITransport(app=forwarder)
-    seen: list[int] = []
+    committed_at_body: list[int] = []
 
     def rows() -> list[tuple[bytes, bytes]]:
         # Another connection: what is committed, not what the log's own transaction holds.
         with sqlite3.connect(log.path) as reader:
             return reader.execute("SELECT request, answer FROM turns ORDER BY id").fetchall()
 
-    async def count_before_answering(request: httpx.Request) -> None:
-        seen.append(len(rows()))
+    async def watched(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_body(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                committed_at_body.append(len(rows()))
+            await send(message)
 
-    async def count_on_answer(response: httpx.Response) -> None:
-        seen.append(len(rows()))
+        await forwarder(scope, receive, send_body)
 
-    hooks: dict[str, list[Callable[..., Awaitable[None]]]] = {
-        "request": [count_before_answering],
-        "response": [count_on_answer],
-    }
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://forwarder", event_hooks=hooks
-    ) as client:
+    transport = httpx.ASGITransport(app=watched)
+    async with httpx.AsyncClient(transport=transport, base_url="http://forwarder") as client:
         for turn in range(2):
             answer = await client.post("/v1/chat/completions", json={"turn": turn})
             assert answer.status_code == 200
     log.close()
-    assert seen == [0, 1, 1, 2]  # each turn committed by the time its answer came
+    assert committed_at_body == [1, 2]  # each turn committed before its answer's body went
     written = rows()
     assert [orjson.loads(request) for request, _ in written] == [{"turn": 0}, {"turn": 1}]
     for _, sse in written:  # the engine's whole answer, as it streamed it
