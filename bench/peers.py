@@ -84,6 +84,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from bench.overhead import (
+    FSYNC_SAMPLES,
     MESSAGES,
     Call,
     Measured,
@@ -110,7 +111,6 @@ from kernel.threaded import free_port
 from recorder.scratch_postgres import running_postgres
 
 REPLY_TOKENS = 16
-FSYNC_SAMPLES = 50  # per round (bench.overhead's)
 LITELLM_KEY = "sk-bench-" + "0123456789abcdef" * 2  # its proxy refuses to start without one
 
 
