@@ -210,6 +210,12 @@ def fsync_seconds(directory: Path, samples: int, pause_s: float = 0.0) -> list[f
     return timings
 
 
+def lone_turn_fsyncs(directory: Path, direct: Measured) -> list[float]:
+    """``FSYNC_SAMPLES`` fsyncs of ``directory``'s disk, each after a pause of ``direct``'s
+    p50 turn: what a lone turn's commit waits for (c=1's floor, in both benchmarks)."""
+    return fsync_seconds(directory, FSYNC_SAMPLES, percentile(direct.latencies, 0.5))
+
+
 # A loopback echo server in its own process: it prints its port, serves one connection,
 # and sends back every byte it gets until the connection closes.
 _ECHO = """
@@ -574,8 +580,7 @@ async def compare_at(
     round_trips: list[float] = []  # the hop a proxy adds to every turn
     for round_ in range(args.rounds):  # interleaved: machine noise hits every path alike
         direct_runs.append(await measure(direct, per_round, concurrency, engine.pid))
-        pause_s = percentile(direct_runs[-1].latencies, 0.5)
-        fsyncs += fsync_seconds(disk, FSYNC_SAMPLES, pause_s)
+        fsyncs += lone_turn_fsyncs(disk, direct_runs[-1])
         back_to_back += fsync_seconds(disk, FSYNC_SAMPLES)
         round_trips += round_trip_seconds(hop, ROUND_TRIP_SAMPLES)
         for proxy in rotated(proxies, round_):

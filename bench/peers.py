@@ -30,8 +30,8 @@ session, per concurrent client) with the same two-message chat turn:
   session id).
 
 Each concurrency's first line gives the fsync of the disk the SQLite files are on, each
-after a pause of one direct turn (``bench.overhead.fsync_seconds``, as ``bench.overhead``
-measures it): c=1's target is lego-proxy's added p50 under 1 ms beyond it.
+after a pause of one direct turn (``bench.overhead.lone_turn_fsyncs``, as
+``bench.overhead`` measures it): c=1's target is lego-proxy's added p50 under 1 ms beyond it.
 
 Per system: the added p50 against its own baseline, throughput as a ratio of its baseline's,
 the proxy process's CPU per request, what its calls cost its backend (the direct rows: their
@@ -84,7 +84,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from bench.overhead import (
-    FSYNC_SAMPLES,
     MESSAGES,
     Call,
     Measured,
@@ -95,9 +94,9 @@ from bench.overhead import (
     added_by_round,
     direct_call,
     engine_arguments,
-    fsync_seconds,
     generate_body,
     interpreter,
+    lone_turn_fsyncs,
     measure,
     ms_per_request,
     percentile,
@@ -374,8 +373,7 @@ async def compare(
         for round_ in range(args.rounds):  # interleaved: machine noise hits every system alike
             for name, (pid, call) in direct.items():
                 runs[name].append(await measure(call, per_round, concurrency, pid))
-            pause_s = percentile(runs[next(iter(direct))][-1].latencies, 0.5)
-            fsyncs += fsync_seconds(disk, FSYNC_SAMPLES, pause_s)
+            fsyncs += lone_turn_fsyncs(disk, runs[next(iter(direct))][-1])
             for system in rotated(systems, round_):
                 backend_pid = direct[system.baseline][0]
                 runs[system.name].append(

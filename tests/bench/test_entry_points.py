@@ -83,6 +83,19 @@ def test_the_fsync_floor_is_measured_after_the_pause_a_lone_turn_has(tmp_path: P
     assert len(fsync_seconds(tmp_path, 3)) == 3  # back to back by default
 
 
+def test_a_lone_turns_fsync_floor_waits_one_direct_turn_each_time(tmp_path: Path) -> None:
+    """Both benchmarks pace the fsync floor by the round's direct p50 (one lone turn)."""
+    import time
+
+    from bench.overhead import FSYNC_SAMPLES, Measured, lone_turn_fsyncs
+
+    direct = Measured([0.004, 0.01, 0.5], 1.0, 0.0, 0.0, 0.0, 0.0)  # p50: 10 ms
+    began = time.monotonic()
+    timings = lone_turn_fsyncs(tmp_path, direct)
+    assert len(timings) == FSYNC_SAMPLES
+    assert time.monotonic() - began >= FSYNC_SAMPLES * 0.01
+
+
 def test_a_round_trip_goes_to_another_process_and_back() -> None:
     """The hop a proxy adds to a turn: each sample is one byte sent to an echo server in
     another process and read back; the connection closes with the block."""
